@@ -1,0 +1,3 @@
+"""kvroute: KV-cache-aware load balancing for LLM inference fleets."""
+
+__version__ = "0.1.0"

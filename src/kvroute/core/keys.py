@@ -1,0 +1,102 @@
+"""Routing keys: request body -> prompt -> chained block hashes.
+
+A block's key chains its parent's key (used as the xxh3 seed) with the block's content,
+so equal keys mean equal prefixes up to and including that block, as in vLLM's prefix
+cache. Only full blocks get a key: a partial tail block is never cached by the engine.
+
+Two granularities:
+
+- text blocks of ``block_chars`` bytes of the UTF-8 prompt (approximate mode; about
+  ``block_size * 4`` characters stand for one engine block of the built-in tokenizer);
+- token blocks of ``block_size`` token ids (exact mode, same ids as the engine sees).
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import xxhash
+
+from kvroute.core.chat import ChatFormatError, render_chat
+
+ROOT_SEED = 0x6B76_726F_7574_6531  # "kvroute1": the parent of every first block
+_MASK64 = (1 << 64) - 1
+CHARS_PER_TOKEN = 4
+
+
+class PromptError(ValueError):
+    """A request body whose prompt or messages cannot be read; the message names the field."""
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    """What the router routes on: the rendered text, or token ids when the client sent ids."""
+
+    text: str | None
+    token_ids: tuple[int, ...] | None
+
+    @property
+    def num_tokens_estimate(self) -> int:
+        if self.token_ids is not None:
+            return len(self.token_ids)
+        assert self.text is not None, "Prompt holds text or token ids"
+        return max(1, len(self.text) // CHARS_PER_TOKEN)
+
+
+def prompt_of(body: dict[str, Any], chat: bool) -> Prompt:
+    """Extract the prompt of a ``/v1/chat/completions`` (chat) or ``/v1/completions`` body."""
+    if chat:
+        try:
+            return Prompt(render_chat(body.get("messages"), body.get("tools")), None)
+        except ChatFormatError as exc:
+            raise PromptError(str(exc)) from None
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return Prompt(prompt, None)
+    if isinstance(prompt, list) and prompt:
+        first = prompt[0]
+        # A batch (list of strings or of id lists) is routed on its first prompt.
+        if isinstance(first, str):
+            return Prompt(first, None)
+        if isinstance(first, int) and all(isinstance(t, int) for t in prompt):
+            return Prompt(None, tuple(prompt))
+        if isinstance(first, list) and first and all(isinstance(t, int) for t in first):
+            return Prompt(None, tuple(first))
+    raise PromptError("'prompt' must be a string, a list of strings or a list of token ids")
+
+
+def text_block_hashes(text: str, block_chars: int) -> list[int]:
+    """Chained keys of the full ``block_chars``-byte blocks of ``text`` (UTF-8)."""
+    data = text.encode()
+    hashes = []
+    parent = ROOT_SEED
+    digest = xxhash.xxh3_64_intdigest
+    for start in range(0, len(data) - block_chars + 1, block_chars):
+        parent = digest(data[start : start + block_chars], parent)
+        hashes.append(parent)
+    return hashes
+
+
+def token_block_hashes(
+    token_ids: Sequence[int], block_size: int, parent: int = ROOT_SEED
+) -> list[int]:
+    """Chained keys of the full ``block_size``-token blocks of ``token_ids``."""
+    data = array("Q", [t & _MASK64 for t in token_ids]).tobytes()
+    step = block_size * 8
+    hashes = []
+    digest = xxhash.xxh3_64_intdigest
+    for start in range(0, len(data) - step + 1, step):
+        parent = digest(data[start : start + step], parent)
+        hashes.append(parent)
+    return hashes
+
+
+def prompt_block_hashes(prompt: Prompt, block_size: int) -> list[int]:
+    """Keys of ``prompt`` for an engine with ``block_size``-token blocks."""
+    if prompt.token_ids is not None:
+        return token_block_hashes(prompt.token_ids, block_size)
+    assert prompt.text is not None, "Prompt holds text or token ids"
+    return text_block_hashes(prompt.text, block_size * CHARS_PER_TOKEN)
