@@ -1,0 +1,214 @@
+"""The engine loop: add requests, step, read outputs and stats (no I/O, time passed in).
+
+The caller (HTTP simulator or discrete-event simulator) loops: ``r = engine.step(now)``,
+waits ``r.duration_s`` (real or virtual), then delivers ``r.outputs``. ``a_api_ms`` is not
+inside ``step``: the caller adds it to each request's TTFT.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import xxhash
+
+from kvroute.core.keys import token_block_hashes
+from kvroute.core.tokenizer import default_tokenizer
+from kvroute.engine.block_manager import BlockManager, extra_keys_seed
+from kvroute.engine.kv_events import KvEvent
+from kvroute.engine.profiles import EngineProfile
+from kvroute.engine.request import Request, RequestStatus
+from kvroute.engine.scheduler import Scheduler
+from kvroute.engine.step_time import StepTimeModel
+
+
+@dataclass(frozen=True, slots=True)
+class TokenOutput:
+    """One generated token of one request."""
+
+    request_id: str
+    token_id: int
+    is_first: bool  # produced by the step that finished this request's prefill
+    finish_reason: str | None  # "length" when max_tokens was reached, else None
+    num_cached_tokens: int  # prefix-cache hit of this request at first scheduling, tokens
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """What one step did; its outputs are valid at ``now + duration_s``."""
+
+    duration_s: float  # modelled engine time of the step (0.0 if idle)
+    outputs: list[TokenOutput]  # tokens produced by the step
+    num_prefill_tokens: int  # prompt (or recomputed) tokens computed in the step
+    num_decode_seqs: int  # sequences that decoded one token in the step
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    """The gauges and counters vLLM exports on /metrics."""
+
+    num_running: int  # vllm:num_requests_running
+    num_waiting: int  # vllm:num_requests_waiting
+    kv_cache_usage: float  # used (ref_cnt > 0) blocks / num_gpu_blocks, 0..1
+    prefix_cache_queries: int  # tokens, cumulative (first lookups only, as vLLM)
+    prefix_cache_hits: int  # tokens, cumulative
+    num_preemptions: int  # cumulative
+    block_size: int  # tokens per block (cache_config_info)
+    num_gpu_blocks: int  # blocks in the cache (cache_config_info)
+    preempted_prefix_cache_queries: int = 0  # tokens re-looked-up by preempted requests
+    preempted_prefix_cache_hits: int = 0  # tokens of those found cached
+
+
+def default_next_token() -> Callable[[str, int], int]:
+    """Output tokens drawn from the built-in tokenizer's one-token words, deterministically
+    from (request id, index), so replays and tests see the same text."""
+    words = list(default_tokenizer().word_ids())
+    digest = xxhash.xxh3_64_intdigest
+
+    def next_token(request_id: str, index: int) -> int:
+        return words[digest(request_id.encode(), index) % len(words)]
+
+    return next_token
+
+
+_IDLE = StepResult(0.0, [], 0, 0)
+
+
+class Engine:
+    """A vLLM-V1-like engine: prefix-cached KV blocks, chunked-prefill batching, step times."""
+
+    def __init__(
+        self,
+        profile: EngineProfile,
+        *,
+        rng: random.Random | None = None,
+        jitter: float = 0.0,
+        enable_kv_events: bool = False,
+        next_token: Callable[[str, int], int] | None = None,
+    ) -> None:
+        self.profile = profile
+        self.block_manager = BlockManager(
+            profile.num_gpu_blocks, profile.block_size, enable_events=enable_kv_events
+        )
+        self.scheduler = Scheduler(
+            self.block_manager,
+            max_num_seqs=profile.max_num_seqs,
+            max_num_batched_tokens=profile.max_num_batched_tokens,
+        )
+        self.step_time = StepTimeModel(profile, jitter=jitter, rng=rng)
+        self._next_token = next_token if next_token is not None else default_next_token()
+        self._requests: dict[str, Request] = {}  # unfinished requests by id
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        max_tokens: int,
+        now: float,
+        *,
+        cache_salt: str | None = None,
+    ) -> None:
+        """Queue a request; ValueError when it is malformed or can never fit."""
+        self._validate(request_id, prompt_token_ids, max_tokens)
+        seed = extra_keys_seed(cache_salt)
+        try:
+            hashes = token_block_hashes(prompt_token_ids, self.profile.block_size, seed)
+        except TypeError:
+            raise ValueError("prompt_token_ids must be integers") from None
+        req = Request(request_id, prompt_token_ids, max_tokens, now, hashes, seed)
+        self._requests[request_id] = req
+        self.scheduler.add(req)
+
+    def _validate(self, request_id: str, prompt: Sequence[int], max_tokens: int) -> None:
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError("request_id must be a non-empty string")
+        if request_id in self._requests:
+            raise ValueError(f"request {request_id!r} is already in the engine")
+        if len(prompt) == 0:
+            raise ValueError("the prompt must have at least one token")
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ValueError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
+        limit = self.profile.max_model_len
+        if len(prompt) > limit:
+            raise ValueError(
+                f"the prompt ({len(prompt)} tokens) is longer than max_model_len ({limit})"
+            )
+        if len(prompt) + max_tokens > limit:
+            raise ValueError(
+                f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceeds "
+                f"max_model_len ({limit})"
+            )
+        bs = self.profile.block_size
+        if -(-(len(prompt) + max_tokens) // bs) > self.profile.num_gpu_blocks:
+            raise ValueError("the request needs more KV blocks than the whole cache holds")
+
+    def abort_request(self, request_id: str) -> None:
+        """Stop a request and free its blocks; an unknown or finished id is a no-op."""
+        req = self._requests.pop(request_id, None)
+        if req is not None:
+            self.scheduler.abort(req)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._requests)
+
+    def step(self, now: float) -> StepResult:
+        """Run one batch: schedule, cost it, and produce its tokens."""
+        out = self.scheduler.schedule()
+        if not out.scheduled:
+            return _IDLE
+        duration_s = self.step_time.duration_s(out.work)
+        outputs: list[TokenOutput] = []
+        any_finished = False
+        for req, num_new in out.scheduled:
+            req.num_computed_tokens += num_new
+            if req.num_computed_tokens < req.num_tokens:
+                continue  # a prefill chunk that does not finish the prompt
+            outputs.append(self._sample(req))
+            any_finished = any_finished or req.status == RequestStatus.FINISHED_LENGTH
+        if any_finished:
+            self.scheduler.drop_finished()
+        return StepResult(duration_s, outputs, out.work.num_prefill_tokens, out.num_decode_seqs)
+
+    def _sample(self, req: Request) -> TokenOutput:
+        index = req.num_output_tokens
+        token_id = self._next_token(req.request_id, index)
+        req.token_ids.append(token_id)
+        finish_reason = None
+        if index + 1 >= req.max_tokens or req.num_tokens >= self.profile.max_model_len:
+            finish_reason = "length"
+            self.scheduler.finish(req)
+            del self._requests[req.request_id]
+        cached = req.num_cached_tokens if req.num_cached_tokens is not None else 0
+        return TokenOutput(req.request_id, token_id, index == 0, finish_reason, cached)
+
+    def drain_kv_events(self) -> list[KvEvent]:
+        """KV events since the last drain (empty unless enable_kv_events)."""
+        return self.block_manager.drain_events()
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block; False (nothing done) while requests hold blocks."""
+        return self.block_manager.reset()
+
+    @property
+    def stats(self) -> EngineStats:
+        s = self.scheduler
+        return EngineStats(
+            num_running=len(s.running),
+            num_waiting=len(s.waiting),
+            kv_cache_usage=self.block_manager.usage,
+            prefix_cache_queries=s.prefix_cache_queries,
+            prefix_cache_hits=s.prefix_cache_hits,
+            num_preemptions=s.num_preemptions,
+            block_size=self.profile.block_size,
+            num_gpu_blocks=self.profile.num_gpu_blocks,
+            preempted_prefix_cache_queries=s.preempted_prefix_cache_queries,
+            preempted_prefix_cache_hits=s.preempted_prefix_cache_hits,
+        )
+
+    def check_invariants(self) -> None:
+        """Assert that the engine's request map matches the scheduler's queues."""
+        listed = {r.request_id for r in self.scheduler.running}
+        listed |= {r.request_id for r in self.scheduler.waiting}
+        assert listed == set(self._requests), "engine request map != scheduler queues"
+        self.scheduler.check_invariants()
