@@ -1,0 +1,283 @@
+"""Simulated vLLM backends: one engine driven in real time behind one HTTP server.
+
+A ``SimBackend`` owns an ``Engine`` and one asyncio task (the engine loop) that does what
+vLLM's engine core does: ``r = engine.step(now)``, wait ``r.duration_s`` (divided by the
+speedup, multiplied by a ``slow`` fault), then hand each produced token to the request
+that owns it (a per-request ``asyncio.Queue``). The loop sleeps on an ``asyncio.Event``
+while the engine has nothing to do, so an idle backend costs nothing.
+
+Clock: the engine's ``now`` is real time since the loop started times ``speedup``
+(engine seconds = real seconds x speedup), so with ``--speedup 10`` a 0.7 s prefill
+takes 70 ms of wall time and every modelled duration shrinks by the same factor.
+
+The per-request API overhead ``a_api_ms`` of the profile is a sleep before the request
+enters the engine, so it adds to TTFT and not to the engine's steps (engine-model.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from kvroute.core.tokenizer import Tokenizer, default_tokenizer
+from kvroute.engine.engine import Engine, TokenOutput
+from kvroute.engine.profiles import EngineProfile, get_profile
+from kvroute.sim.faults import Faults
+from kvroute.sim.kv_publisher import KvEventPublisher
+from kvroute.sim.metrics import SimMetrics
+
+
+class SimBackend:
+    """One simulated vLLM server: engine, engine loop, metrics, KV events, faults."""
+
+    def __init__(
+        self,
+        profile: EngineProfile | str,
+        *,
+        port: int = 0,
+        host: str = "127.0.0.1",
+        speedup: float = 1.0,
+        kv_events_endpoint: str | None = None,
+        kv_replay_endpoint: str | None = None,
+        faults: Faults | None = None,
+        model_name: str | None = None,
+        seed: int = 0,
+        jitter: float = 0.0,
+    ) -> None:
+        if not speedup > 0:
+            raise ValueError(f"speedup must be > 0, got {speedup}")
+        self.profile = get_profile(profile) if isinstance(profile, str) else profile
+        self.host = host
+        self.port = port  # the bound port once started
+        self.speedup = speedup
+        self.faults = faults if faults is not None else Faults()
+        self.model_name = model_name or self.profile.name
+        self.tokenizer: Tokenizer = default_tokenizer()
+        self._words = list(self.tokenizer.word_ids())
+        self.word_text = {t: self.tokenizer.decode([t]) for t in self._words}
+        self.engine = Engine(
+            self.profile,
+            rng=random.Random(seed),
+            jitter=jitter,
+            enable_kv_events=kv_events_endpoint is not None,
+            next_token=self._next_token,
+        )
+        self.metrics = SimMetrics(lambda: self.engine.stats, self.model_name)
+        self._kv_endpoint = kv_events_endpoint
+        self._kv_replay_endpoint = kv_replay_endpoint
+        self.publisher: KvEventPublisher | None = None
+        self._streams: dict[str, asyncio.Queue[TokenOutput]] = {}
+        self._seeds: dict[str, int] = {}
+        self._wakeup = asyncio.Event()
+        self._loop_task: asyncio.Task[None] | None = None
+        self._t0 = 0.0
+        self._runner: web.AppRunner | None = None
+        self.hung: set[asyncio.Future[None]] = set()  # requests held by a hang fault
+
+    # ---- life cycle -------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def kv_endpoint(self) -> str | None:
+        """The PUB endpoint subscribers connect to (None without KV events)."""
+        return self.publisher.endpoint if self.publisher else self._kv_endpoint
+
+    async def start_engine(self) -> None:
+        """Start the engine loop (and bind the KV publisher); the app calls this."""
+        if self._loop_task is not None:
+            return
+        if self._kv_endpoint is not None and self.publisher is None:
+            self.publisher = KvEventPublisher(
+                self._kv_endpoint, replay_endpoint=self._kv_replay_endpoint
+            )
+            self.publisher.start()
+        loop = asyncio.get_running_loop()
+        self._t0 = loop.time()
+        self._loop_task = loop.create_task(self._run(), name=f"sim-engine-{self.port}")
+
+    async def stop_engine(self) -> None:
+        for fut in list(self.hung):
+            fut.cancel()
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop_task
+            self._loop_task = None
+        if self.publisher is not None:
+            await self.publisher.close()
+            self.publisher = None
+
+    async def start(self) -> None:
+        """Serve HTTP on ``host:port`` (port 0: a free one, stored in ``self.port``)."""
+        from kvroute.sim.api import make_sim_app
+
+        self._runner = web.AppRunner(make_sim_app(self), handler_cancellation=True, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port, backlog=1024)
+        await site.start()
+        server = site._server
+        assert server is not None and server.sockets, "a started site has a socket"
+        self.port = server.sockets[0].getsockname()[1]
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()  # runs the app's cleanup: stop_engine
+            self._runner = None
+        await self.stop_engine()
+
+    # ---- requests ---------------------------------------------------------------
+    def now(self) -> float:
+        """Engine time in seconds: real seconds since start x speedup."""
+        return (asyncio.get_running_loop().time() - self._t0) * self.speedup
+
+    def api_delay_s(self) -> float:
+        """Wall seconds of the per-request API overhead (a_api, scaled)."""
+        return self.profile.a_api_ms / 1000.0 * self.faults.slow_factor / self.speedup
+
+    def submit(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        max_tokens: int,
+        seed: int,
+        cache_salt: str | None = None,
+    ) -> asyncio.Queue[TokenOutput]:
+        """Add a request to the engine; its tokens arrive on the returned queue.
+
+        Raises ValueError when the engine refuses it (too long for the model).
+        """
+        queue: asyncio.Queue[TokenOutput] = asyncio.Queue()
+        self._seeds[request_id] = seed
+        try:
+            self.engine.add_request(
+                request_id, prompt_token_ids, max_tokens, self.now(), cache_salt=cache_salt
+            )
+        except ValueError:
+            del self._seeds[request_id]
+            raise
+        self._streams[request_id] = queue
+        self._wakeup.set()
+        return queue
+
+    def abort(self, request_id: str) -> None:
+        """Forget an unfinished request: the engine frees its blocks. Idempotent."""
+        if self._streams.pop(request_id, None) is not None:
+            self._seeds.pop(request_id, None)
+            self.engine.abort_request(request_id)
+
+    def _next_token(self, request_id: str, index: int) -> int:
+        seed = self._seeds.get(request_id, 0)
+        x = (seed * 0x9E3779B1 + index * 0x85EBCA77 + 0x165667B1) & 0xFFFFFFFF
+        return self._words[(x >> 7) % len(self._words)]
+
+    # ---- engine loop -----------------------------------------------------------
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        engine = self.engine
+        while True:
+            if not engine.has_unfinished_requests():
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            start = loop.time()
+            result = engine.step((start - self._t0) * self.speedup)
+            delay = result.duration_s * self.faults.slow_factor / self.speedup
+            if delay > 0:
+                await asyncio.sleep(start + delay - loop.time())
+            else:
+                # zero-time step (instant profile): still let the handlers run
+                await asyncio.sleep(0 if result.outputs else 0.001)
+            self._deliver(result.outputs)
+            self.publish_kv_events()
+
+    def publish_kv_events(self) -> None:
+        """Send the engine's pending KV events as one batch (no-op without a publisher)."""
+        if self.publisher is not None:
+            self.publisher.publish(self.engine.drain_kv_events(), time.time())
+
+    def _deliver(self, outputs: list[TokenOutput]) -> None:
+        streams = self._streams
+        for out in outputs:
+            queue = streams.get(out.request_id)
+            if queue is None:
+                continue  # aborted while the step ran
+            queue.put_nowait(out)
+            if out.finish_reason is not None:
+                del streams[out.request_id]
+                self._seeds.pop(out.request_id, None)
+
+
+@dataclass
+class SimFleet:
+    """Handle on N backends started by ``start_fleet``."""
+
+    backends: list[SimBackend] = field(default_factory=list)
+
+    @property
+    def urls(self) -> list[str]:
+        return [b.url for b in self.backends]
+
+    @property
+    def kv_endpoints(self) -> list[str | None]:
+        return [b.kv_endpoint for b in self.backends]
+
+    async def close(self) -> None:
+        await asyncio.gather(*(b.close() for b in self.backends), return_exceptions=True)
+
+
+async def start_fleet(
+    n: int,
+    port_base: int = 0,
+    profile: EngineProfile | str = "tiny",
+    speedup: float = 1.0,
+    kv_events: bool = False,
+    *,
+    host: str = "127.0.0.1",
+    kv_port_base: int = 0,
+    kv_replay: bool = False,
+    model_name: str | None = None,
+    faults: dict[int, Faults] | None = None,
+    seed: int = 0,
+    jitter: float = 0.0,
+) -> SimFleet:
+    """Start ``n`` backends on ports ``port_base..port_base+n-1`` (0: free ports).
+
+    With ``kv_events`` each backend publishes on ``tcp://host:kv_port_base+i``
+    (``kv_port_base`` 0: free ports); ``fleet.kv_endpoints`` has the bound endpoints.
+    """
+    if n < 1:
+        raise ValueError(f"a fleet needs at least one backend, got {n}")
+    fleet = SimFleet()
+    try:
+        for i in range(n):
+            kv = None
+            replay = None
+            if kv_events:
+                kv = f"tcp://{host}:{kv_port_base + i if kv_port_base else 0}"
+                replay = f"tcp://{host}:0" if kv_replay else None
+            backend = SimBackend(
+                profile,
+                port=port_base + i if port_base else 0,
+                host=host,
+                speedup=speedup,
+                kv_events_endpoint=kv,
+                kv_replay_endpoint=replay,
+                faults=(faults or {}).get(i),
+                model_name=model_name,
+                seed=seed + i,
+                jitter=jitter,
+            )
+            fleet.backends.append(backend)
+            await backend.start()
+    except BaseException:
+        await fleet.close()
+        raise
+    return fleet
