@@ -1,0 +1,570 @@
+"""The Fleet: the one object the live proxy, the discrete-event simulator and the tests drive.
+
+It owns the backends (membership, health, models), the prefix index, the load counters,
+the learned prefill rates and the policy. The caller's loop per request is:
+``route`` (a Decision, or None when no backend is eligible) -> ``dispatch`` (a Ticket:
+load counted, blocks recorded in the index) -> ``on_first_token`` (prefill done; the
+rate learns) -> ``finish`` (load released, exactly once). Scraped engine metrics come in
+through ``update_engine_stats``. Time is always an argument; nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import heapq
+from bisect import bisect_left, insort
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from random import Random
+
+import xxhash
+
+from kvroute.core.cost import CostConfig, PrefillRate, estimate_ttft_s, work_tokens
+from kvroute.core.index import LruCacheModel, PrefixIndex
+from kvroute.core.load import BackendLoad, Ticket
+from kvroute.core.policy.base import Decision, LoadView, Policy, RouteRequest
+
+_ALL = "\x00all"  # load-order group of every orderable backend
+_WILD = "\x00wild"  # group of backends whose model list is unknown (serve any model)
+
+
+@dataclass(frozen=True, slots=True)
+class FleetConfig:
+    """Fleet-wide knobs."""
+
+    default_block_size: int = 16  # tokens per block until a backend's block size is scraped
+    default_capacity_blocks: int = 8192  # cache-model size until num_gpu_blocks is scraped
+    max_index_entries: int = 4_000_000  # hard cap on (block, backend) index entries
+    cost: CostConfig = field(default_factory=CostConfig)  # TTFT estimate and rate learning
+
+    def __post_init__(self) -> None:
+        if self.default_block_size < 1:
+            raise ValueError("fleet.default_block_size: must be >= 1")
+        if self.default_capacity_blocks < 1:
+            raise ValueError("fleet.default_capacity_blocks: must be >= 1")
+        if self.max_index_entries < 1:
+            raise ValueError("fleet.max_index_entries: must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class BackendState:
+    """One backend as metrics and the status page see it (a snapshot)."""
+
+    url: str  # backend URL
+    models: tuple[str, ...]  # models it serves; () = unknown, treated as any
+    weight: float  # relative capacity
+    healthy: bool  # passes health checks
+    draining: bool  # takes no new requests
+    block_size: int  # tokens per engine block (scraped, else the default)
+    capacity_blocks: int  # cache-model capacity (scraped num_gpu_blocks, else the default)
+    in_flight_requests: int  # merged: max(ours, engine running + waiting)
+    in_flight_tokens: int  # merged queued prefill + decode tokens
+    queued_prefill_tokens: int  # merged uncached prompt tokens before first token
+    engine_num_running: int | None  # last scraped gauge (None: never scraped)
+    engine_num_waiting: int | None  # last scraped gauge
+    kv_cache_usage: float | None  # last scraped vllm:kv_cache_usage_perc, 0..1
+    index_blocks: int  # blocks the router's cache model holds for it
+    prefill_tokens_per_s: float  # learned prefill rate
+    rate_samples: int  # first tokens the rate has learned from
+    predicted_hit_tokens: int  # sum of predicted cached tokens over dispatches
+    predicted_query_tokens: int  # sum of prompt tokens over dispatches
+    reported_hit_tokens: int  # sum of engine-reported cached_tokens (responses)
+    reported_query_tokens: int  # prompt tokens of the requests that reported
+    engine_hit_tokens: int  # delta of vllm:prefix_cache_hits_total since first scrape
+    engine_query_tokens: int  # delta of vllm:prefix_cache_queries_total since first scrape
+    num_dispatched: int  # requests dispatched
+    num_failed: int  # requests finished with ok=False
+
+
+class _Backend:
+    """Mutable per-backend record (internal)."""
+
+    __slots__ = (
+        "block_size",
+        "draining",
+        "engine_counters",
+        "epoch",
+        "healthy",
+        "kv_cache_usage",
+        "load",
+        "models",
+        "num_dispatched",
+        "num_failed",
+        "num_gpu_blocks",
+        "open_tickets",
+        "predicted",
+        "rate",
+        "reported",
+        "tiebreak",
+        "url",
+        "weight",
+    )
+
+    def __init__(
+        self, url: str, epoch: int, models: Iterable[str], weight: float, cost: CostConfig
+    ):
+        self.url = url
+        self.epoch = epoch
+        self.models = frozenset(models)
+        self.weight = weight
+        self.healthy = True
+        self.draining = False
+        self.block_size: int | None = None
+        self.num_gpu_blocks: int | None = None
+        self.kv_cache_usage: float | None = None
+        self.load = BackendLoad()
+        self.rate = PrefillRate(cost)
+        self.rate.tokens_per_s = min(
+            max(cost.prior_prefill_tokens_per_s * weight, cost.min_prefill_tokens_per_s),
+            cost.max_prefill_tokens_per_s,
+        )
+        self.open_tickets: dict[int, Ticket] = {}
+        self.predicted = [0, 0]  # [hit tokens, query tokens]
+        self.reported = [0, 0]  # [hit tokens, query tokens]
+        # [last hits, last queries, hit delta sum, query delta sum]; None until first scrape
+        self.engine_counters: list[int | None] = [None, None, 0, 0]
+        self.num_dispatched = 0
+        self.num_failed = 0
+        self.tiebreak = xxhash.xxh3_64_intdigest(url.encode())
+
+    def groups(self) -> tuple[str, ...]:
+        return (_ALL, *sorted(self.models)) if self.models else (_ALL, _WILD)
+
+    def serves(self, model: str | None) -> bool:
+        return model is None or not self.models or model in self.models
+
+    @property
+    def is_orderable(self) -> bool:
+        return self.healthy and not self.draining
+
+
+class _LoadOrder:
+    """Healthy, non-draining backends sorted by weighted in-flight tokens, per model group.
+
+    A backend appears once in each of its groups (every model it serves, or the wildcard
+    group when its models are unknown, plus the all-backends group). Reordering on a load
+    change is a bisect and a list insert per group: no per-request scan of the fleet.
+    """
+
+    def __init__(self) -> None:
+        self.group_to_keys: dict[str, list[tuple[float, int, str]]] = {}
+        self.url_to_entry: dict[
+            str, tuple[tuple[float, int, str], tuple[str, ...], int, float]
+        ] = {}
+        self.total_tokens = 0  # over entries
+        self.total_weight = 0.0
+
+    def put(self, b: _Backend) -> None:
+        self.discard(b.url)
+        tokens = b.load.in_flight_tokens
+        key = (tokens / b.weight, b.tiebreak, b.url)
+        groups = b.groups()
+        for g in groups:
+            insort(self.group_to_keys.setdefault(g, []), key)
+        self.url_to_entry[b.url] = (key, groups, tokens, b.weight)
+        self.total_tokens += tokens
+        self.total_weight += b.weight
+
+    def discard(self, url: str) -> None:
+        entry = self.url_to_entry.pop(url, None)
+        if entry is None:
+            return
+        key, groups, tokens, weight = entry
+        for g in groups:
+            keys = self.group_to_keys[g]
+            i = bisect_left(keys, key)
+            assert keys[i] == key, "load order: entry missing from its group"
+            del keys[i]
+            if not keys:
+                del self.group_to_keys[g]
+        self.total_tokens -= tokens
+        self.total_weight -= weight
+
+    def urls(self, model: str | None) -> Iterator[str]:
+        """Least loaded first, among backends serving ``model`` (None: all)."""
+        if model is None:
+            keys: Iterable[tuple[float, int, str]] = self.group_to_keys.get(_ALL, ())
+        else:
+            named = self.group_to_keys.get(model, [])
+            wild = self.group_to_keys.get(_WILD, [])
+            keys = heapq.merge(named, wild) if named and wild else (named or wild)
+        for key in keys:
+            yield key[2]
+
+    def key_of(self, url: str) -> tuple[float, int, str]:
+        return self.url_to_entry[url][0]
+
+
+class Fleet:
+    """Backends, index, load, cost and policy behind one synchronous API (module doc)."""
+
+    def __init__(
+        self, policy: Policy, config: FleetConfig | None = None, *, rng: Random | None = None
+    ) -> None:
+        self.policy = policy
+        self.config = config or FleetConfig()
+        self.rng = rng if rng is not None else Random(0)
+        self.index = PrefixIndex(self.config.max_index_entries)
+        self._backends: dict[str, _Backend] = {}
+        self._order = _LoadOrder()
+        self._next_epoch = 0
+        self._next_ticket = 0
+        self._model_to_eligible: dict[str | None, tuple[str, ...]] = {}  # cache
+        self._model_to_block_size: dict[str | None, int] = {}  # cache
+
+    # -- membership --------------------------------------------------------------------
+
+    def add_backend(self, url: str, *, models: Iterable[str] = (), weight: float = 1.0) -> None:
+        """Add a backend (healthy, not draining). ValueError if present or weight <= 0."""
+        if url in self._backends:
+            raise ValueError(f"backend already in the fleet: {url}")
+        if not weight > 0:
+            raise ValueError(f"weight must be > 0, got {weight}")
+        self._next_epoch += 1
+        b = _Backend(url, self._next_epoch, models, float(weight), self.config.cost)
+        self._backends[url] = b
+        self.index.add_backend(url, LruCacheModel(self.config.default_capacity_blocks))
+        self._membership_changed(b)
+
+    def remove_backend(self, url: str) -> None:
+        """Forget a backend: index entries, load and order dropped at once (unknown: no-op)."""
+        b = self._backends.pop(url, None)
+        if b is None:
+            return
+        self.index.remove_backend(url)
+        self._order.discard(url)
+        self._invalidate()
+        self.policy.on_backend_removed(url)
+
+    def set_models(self, url: str, models: Iterable[str]) -> None:
+        b = self._get(url)
+        b.models = frozenset(models)
+        self._membership_changed(b)
+
+    def set_healthy(self, url: str, healthy: bool) -> None:
+        b = self._get(url)
+        if b.healthy != healthy:
+            b.healthy = healthy
+            self._membership_changed(b)
+
+    def set_draining(self, url: str, draining: bool) -> None:
+        b = self._get(url)
+        if b.draining != draining:
+            b.draining = draining
+            self._membership_changed(b)
+
+    def urls(self) -> list[str]:
+        """Every backend URL, sorted."""
+        return sorted(self._backends)
+
+    def _get(self, url: str) -> _Backend:
+        b = self._backends.get(url)
+        if b is None:
+            raise ValueError(f"unknown backend: {url}")
+        return b
+
+    def _membership_changed(self, b: _Backend) -> None:
+        if b.is_orderable:
+            self._order.put(b)
+        else:
+            self._order.discard(b.url)
+        self._invalidate()
+
+    def _invalidate(self) -> None:
+        self._model_to_eligible.clear()
+        self._model_to_block_size.clear()
+
+    def _reorder(self, b: _Backend) -> None:
+        if b.is_orderable:
+            self._order.put(b)
+
+    # -- engine metrics ----------------------------------------------------------------
+
+    def update_engine_stats(
+        self,
+        url: str,
+        *,
+        now: float,
+        num_running: int | None = None,
+        num_waiting: int | None = None,
+        kv_cache_usage: float | None = None,
+        block_size: int | None = None,
+        num_gpu_blocks: int | None = None,
+        prefix_cache_hits: int | None = None,
+        prefix_cache_queries: int | None = None,
+    ) -> None:
+        """Feed one scrape of a backend's /metrics (None = not reported). Unknown URL: no-op."""
+        b = self._backends.get(url)
+        if b is None:
+            return
+        b.load.observe_engine(num_running, num_waiting)
+        if kv_cache_usage is not None:
+            b.kv_cache_usage = min(1.0, max(0.0, float(kv_cache_usage)))
+        if block_size is not None and block_size >= 1 and block_size != b.block_size:
+            b.block_size = int(block_size)
+            self._invalidate()
+        if num_gpu_blocks is not None and num_gpu_blocks >= 1:
+            b.num_gpu_blocks = int(num_gpu_blocks)
+            self.index.set_capacity(url, b.num_gpu_blocks)
+        self._count_engine(b, 0, prefix_cache_hits)
+        self._count_engine(b, 1, prefix_cache_queries)
+        self._reorder(b)
+
+    @staticmethod
+    def _count_engine(b: _Backend, i: int, value: int | None) -> None:
+        """Accumulate the delta of a cumulative counter; a drop means the engine restarted."""
+        if value is None:
+            return
+        last = b.engine_counters[i]
+        if last is not None:
+            delta = value - last if value >= last else value
+            b.engine_counters[i + 2] = (b.engine_counters[i + 2] or 0) + delta
+        b.engine_counters[i] = value
+
+    def block_size_for(self, model: str | None) -> int:
+        """Block size the keys of ``model`` are cut to: the most common among eligible backends."""
+        cached = self._model_to_block_size.get(model)
+        if cached is not None:
+            return cached
+        default = self.config.default_block_size
+        sizes = Counter(self._backends[u].block_size or default for u in self._eligible(model))
+        # Most common; among equals the smaller (deterministic).
+        size = min(sizes.items(), key=lambda kv: (-kv[1], kv[0]))[0] if sizes else default
+        self._model_to_block_size[model] = size
+        return size
+
+    def _eligible(self, model: str | None) -> tuple[str, ...]:
+        cached = self._model_to_eligible.get(model)
+        if cached is None:
+            cached = tuple(
+                sorted(u for u, b in self._backends.items() if b.is_orderable and b.serves(model))
+            )
+            self._model_to_eligible[model] = cached
+        return cached
+
+    # -- the request path --------------------------------------------------------------
+
+    def route(self, req: RouteRequest, now: float, exclude: Iterable[str] = ()) -> Decision | None:
+        """The policy's decision for ``req`` among eligible backends not in ``exclude``."""
+        view = _View(self, req.model, frozenset(exclude), self.block_size_for(req.model))
+        if not self._order.url_to_entry:
+            return None
+        return self.policy.choose(req, view, now)
+
+    def dispatch(self, decision: Decision, req: RouteRequest, now: float) -> Ticket:
+        """Commit to ``decision.backend``: count the load, record the prompt's blocks there."""
+        b = self._get(decision.backend)
+        cached = self.predicted_cached_tokens(b.url, req)
+        self._next_ticket += 1
+        ticket = Ticket(
+            ticket_id=self._next_ticket,
+            url=b.url,
+            request_id=req.request_id,
+            epoch=b.epoch,
+            dispatched_at_s=now,
+            num_prompt_tokens=req.num_prompt_tokens,
+            uncached_tokens=max(0, req.num_prompt_tokens - cached),
+            decode_tokens=max(0, req.max_tokens),
+            predicted_cached_tokens=cached,
+            queued_ahead_tokens=b.load.queued_prefill_tokens,
+        )
+        b.load.acquire(ticket)
+        b.open_tickets[ticket.ticket_id] = ticket
+        b.predicted[0] += cached
+        b.predicted[1] += req.num_prompt_tokens
+        b.num_dispatched += 1
+        self.index.insert(b.url, req.block_hashes)
+        self._reorder(b)
+        self.policy.on_routed(decision, req, now)
+        return ticket
+
+    def predicted_cached_tokens(self, url: str, req: RouteRequest) -> int:
+        """Tokens of ``req`` the cache model of ``url`` holds, capped at prompt - 1."""
+        b = self._get(url)
+        blocks = self.index.matched_blocks(url, req.block_hashes)
+        bs = b.block_size or self.config.default_block_size
+        return max(0, min(blocks * bs, req.num_prompt_tokens - 1))
+
+    def on_first_token(self, ticket: Ticket, now: float, cached_tokens: int | None = None) -> None:
+        """Prefill done: release queued prefill tokens, learn the prefill rate (once)."""
+        if ticket.is_finished or ticket.first_token_at_s is not None:
+            return
+        ticket.first_token_at_s = now
+        b = self._live(ticket)
+        if b is None:
+            return
+        b.load.release_prefill(ticket)
+        cached = ticket.predicted_cached_tokens
+        if cached_tokens is not None:
+            cached = max(0, min(int(cached_tokens), ticket.num_prompt_tokens))
+            ticket.reported_cached_tokens = cached
+            b.reported[0] += cached
+            b.reported[1] += ticket.num_prompt_tokens
+        uncached = max(0, ticket.num_prompt_tokens - cached)
+        work = ticket.queued_ahead_tokens + work_tokens(uncached, cached, self.config.cost)
+        b.rate.observe(work, now - ticket.dispatched_at_s)
+        self._reorder(b)
+
+    def finish(self, ticket: Ticket, now: float, ok: bool) -> None:
+        """The request ended (success, error, timeout, disconnect): release once; again: no-op."""
+        if ticket.is_finished:
+            return
+        ticket.is_finished = True
+        ticket.ok = ok
+        b = self._live(ticket)
+        if b is None:
+            return
+        b.load.release(ticket)
+        del b.open_tickets[ticket.ticket_id]
+        if not ok:
+            b.num_failed += 1
+        self._reorder(b)
+        self.policy.on_finished(b.url, ticket.request_id, now, ok)
+
+    def _live(self, ticket: Ticket) -> _Backend | None:
+        b = self._backends.get(ticket.url)
+        return b if b is not None and b.epoch == ticket.epoch else None
+
+    # -- reporting ---------------------------------------------------------------------
+
+    def backend_states(self) -> list[BackendState]:
+        return [self._state(self._backends[u]) for u in sorted(self._backends)]
+
+    def _state(self, b: _Backend) -> BackendState:
+        return BackendState(
+            url=b.url,
+            models=tuple(sorted(b.models)),
+            weight=b.weight,
+            healthy=b.healthy,
+            draining=b.draining,
+            block_size=b.block_size or self.config.default_block_size,
+            capacity_blocks=self.index.url_to_model[b.url].capacity_blocks,
+            in_flight_requests=b.load.requests,
+            in_flight_tokens=b.load.in_flight_tokens,
+            queued_prefill_tokens=b.load.queued_prefill_tokens,
+            engine_num_running=b.load.engine_num_running,
+            engine_num_waiting=b.load.engine_num_waiting,
+            kv_cache_usage=b.kv_cache_usage,
+            index_blocks=self.index.num_blocks(b.url),
+            prefill_tokens_per_s=b.rate.tokens_per_s,
+            rate_samples=b.rate.num_samples,
+            predicted_hit_tokens=b.predicted[0],
+            predicted_query_tokens=b.predicted[1],
+            reported_hit_tokens=b.reported[0],
+            reported_query_tokens=b.reported[1],
+            engine_hit_tokens=b.engine_counters[2] or 0,
+            engine_query_tokens=b.engine_counters[3] or 0,
+            num_dispatched=b.num_dispatched,
+            num_failed=b.num_failed,
+        )
+
+    def check_invariants(self) -> None:
+        """Index, load and order consistent with each other (tests call it after each step)."""
+        self.index.check_invariants()
+        assert set(self.index.url_to_model) == set(self._backends), "fleet: index membership"
+        orderable = {u for u, b in self._backends.items() if b.is_orderable}
+        assert set(self._order.url_to_entry) == orderable, "fleet: load order membership"
+        for url, b in self._backends.items():
+            b.load.check_invariants()
+            tickets = b.open_tickets.values()
+            assert b.load.in_flight_requests == len(tickets), "fleet: requests != open tickets"
+            assert b.load.decode_tokens == sum(t.decode_tokens for t in tickets), "fleet: decode"
+            queued = sum(t.uncached_tokens for t in tickets if not t.is_prefill_released)
+            assert b.load.queued_prefill_tokens_ours == queued, "fleet: queued prefill"
+            if url in orderable:
+                key = self._order.key_of(url)
+                assert key[0] == b.load.in_flight_tokens / b.weight, "fleet: stale order key"
+
+
+class _View:
+    """FleetView for one routing call: the request's model and exclude list applied."""
+
+    __slots__ = ("_exclude", "_fleet", "_model", "block_size")
+
+    def __init__(self, fleet: Fleet, model: str | None, exclude: frozenset[str], block_size: int):
+        self._fleet = fleet
+        self._model = model
+        self._exclude = exclude
+        self.block_size = block_size
+
+    @property
+    def rng(self) -> Random:
+        return self._fleet.rng
+
+    def _ok(self, url: str) -> bool:
+        b = self._fleet._backends.get(url)
+        return (
+            b is not None and b.is_orderable and b.serves(self._model) and url not in self._exclude
+        )
+
+    def candidates(self) -> Sequence[str]:
+        eligible = self._fleet._eligible(self._model)
+        if not self._exclude:
+            return eligible
+        return tuple(u for u in eligible if u not in self._exclude)
+
+    def least_loaded(self, k: int) -> list[str]:
+        out: list[str] = []
+        if k <= 0:
+            return out
+        for url in self._fleet._order.urls(self._model):
+            if url not in self._exclude:
+                out.append(url)
+                if len(out) >= k:
+                    break
+        return out
+
+    def load(self, url: str) -> LoadView:
+        b = self._fleet._get(url)
+        return LoadView(
+            in_flight_requests=b.load.requests,
+            in_flight_tokens=b.load.in_flight_tokens,
+            queued_prefill_tokens=b.load.queued_prefill_tokens,
+            weight=b.weight,
+        )
+
+    def mean_in_flight_tokens(self) -> float:
+        order = self._fleet._order
+        return order.total_tokens / order.total_weight if order.total_weight > 0 else 0.0
+
+    def match(self, block_hashes: Sequence[int], max_holders: int) -> list[tuple[str, int]]:
+        out: list[tuple[str, int]] = []
+        for depth, members in self._fleet.index.levels(block_hashes):
+            need = max_holders - len(out)
+            if need <= 0:
+                break
+            out.extend((u, depth) for u in self._least_loaded_of(members, need))
+        return out
+
+    def _least_loaded_of(self, members: set[str], need: int) -> list[str]:
+        """The ``need`` least-loaded eligible members; scans the load order for big sets."""
+        order = self._fleet._order
+        if len(members) <= 4 * need + 16:
+            ok = [u for u in members if self._ok(u)]
+            ok.sort(key=order.key_of)
+            return ok[:need]
+        out = []
+        for url in order.urls(self._model):
+            if url in members and url not in self._exclude:
+                out.append(url)
+                if len(out) >= need:
+                    break
+        return out
+
+    def matched_blocks(self, url: str, block_hashes: Sequence[int]) -> int:
+        return self._fleet.index.matched_blocks(url, block_hashes)
+
+    def estimate_ttft_s(self, url: str, request: RouteRequest, cached_tokens: int) -> float:
+        fleet = self._fleet
+        b = fleet._get(url)
+        bs = b.block_size or fleet.config.default_block_size
+        capacity_tokens = fleet.index.url_to_model[url].capacity_blocks * bs
+        own_usage = b.load.in_flight_context_tokens / capacity_tokens
+        return estimate_ttft_s(
+            num_prompt_tokens=request.num_prompt_tokens,
+            cached_tokens=cached_tokens,
+            queued_prefill_tokens=b.load.queued_prefill_tokens,
+            prefill_tokens_per_s=b.rate.tokens_per_s,
+            kv_usage=max(own_usage, b.kv_cache_usage or 0.0),
+            config=fleet.config.cost,
+        )

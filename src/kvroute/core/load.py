@@ -1,0 +1,140 @@
+"""In-flight load per backend: counted by the router at dispatch, merged with engine gauges.
+
+The router counts a request the moment it decides (before the request reaches the
+backend), so a burst of decisions sees the load of the decisions before it, which a
+scraped gauge would show only a scrape interval later. Each request holds one ``Ticket``;
+its counts are released exactly once: prefill tokens at the first token (or at the end,
+whichever comes first), everything at finish, error, timeout or client disconnect.
+Finishing a ticket twice is a no-op.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PRIOR_UNCACHED_TOKENS = 512.0  # mean uncached prompt tokens before any request was seen
+PRIOR_DECODE_TOKENS = 256.0  # mean decode tokens before any request was seen
+MEAN_ALPHA = 0.1  # EWMA weight of one request in the per-backend means
+
+
+@dataclass(slots=True)
+class Ticket:
+    """One dispatched request's claim on a backend's load; the proxy keeps it until the end."""
+
+    ticket_id: int  # unique per Fleet
+    url: str  # backend the request was dispatched to
+    request_id: str  # RouteRequest.request_id
+    epoch: int  # incarnation of the backend at dispatch (a removed+re-added URL is new)
+    dispatched_at_s: float  # `now` at dispatch
+    num_prompt_tokens: int  # prompt length, tokens
+    uncached_tokens: int  # queued prefill tokens this request added (prompt - predicted hit)
+    decode_tokens: int  # decode tokens it added (its max_tokens)
+    predicted_cached_tokens: int  # prefix hit the router predicted on `url`, tokens
+    queued_ahead_tokens: int  # prefill tokens queued ahead of it on `url` at dispatch
+    first_token_at_s: float | None = None  # set by on_first_token
+    reported_cached_tokens: int | None = None  # engine-reported hit (usage.cached_tokens)
+    is_prefill_released: bool = False  # uncached_tokens no longer counted as queued
+    is_finished: bool = False  # everything released; further finishes are no-ops
+    ok: bool | None = None  # how it ended (None while in flight)
+
+
+class BackendLoad:
+    """Load of one backend: our in-flight counts and the engine's last scraped gauges.
+
+    Invariant: every count is >= 0 and equals the sum over this backend's unreleased
+    tickets (``check_invariants`` checks signs; the Fleet checks the sums).
+
+    Merging (``requests``, ``queued_prefill_tokens``, ``in_flight_tokens``): each source is
+    a lower bound of the truth. Our count misses traffic from other routers and requests
+    sent before we started; the engine's gauge misses what we dispatched since the last
+    scrape. So the merged value is the max of the two, not the sum (that would count our
+    own requests twice) and not either alone. Engine gauges count requests; they become
+    tokens through this backend's running mean of uncached and decode tokens per request.
+    """
+
+    __slots__ = (
+        "decode_tokens",
+        "engine_num_running",
+        "engine_num_waiting",
+        "in_flight_context_tokens",
+        "in_flight_requests",
+        "mean_decode_tokens",
+        "mean_uncached_tokens",
+        "queued_prefill_requests",
+        "queued_prefill_tokens_ours",
+    )
+
+    def __init__(self) -> None:
+        self.in_flight_requests = 0  # our dispatched, unfinished requests
+        self.queued_prefill_requests = 0  # of which have not produced a first token
+        self.queued_prefill_tokens_ours = 0  # their uncached prompt tokens
+        self.decode_tokens = 0  # max_tokens of our in-flight requests
+        self.in_flight_context_tokens = 0  # prompt + max_tokens of our in-flight requests
+        self.engine_num_running: int | None = None  # last scraped vllm:num_requests_running
+        self.engine_num_waiting: int | None = None  # last scraped vllm:num_requests_waiting
+        self.mean_uncached_tokens = PRIOR_UNCACHED_TOKENS  # EWMA per dispatched request
+        self.mean_decode_tokens = PRIOR_DECODE_TOKENS  # EWMA per dispatched request
+
+    def acquire(self, ticket: Ticket) -> None:
+        """Count a just-dispatched request."""
+        self.in_flight_requests += 1
+        self.queued_prefill_requests += 1
+        self.queued_prefill_tokens_ours += ticket.uncached_tokens
+        self.decode_tokens += ticket.decode_tokens
+        self.in_flight_context_tokens += ticket.num_prompt_tokens + ticket.decode_tokens
+        a = MEAN_ALPHA
+        self.mean_uncached_tokens += a * (ticket.uncached_tokens - self.mean_uncached_tokens)
+        self.mean_decode_tokens += a * (ticket.decode_tokens - self.mean_decode_tokens)
+
+    def release_prefill(self, ticket: Ticket) -> None:
+        """The request's prefill is done (first token): its uncached tokens leave the queue."""
+        if ticket.is_prefill_released:
+            return
+        ticket.is_prefill_released = True
+        self.queued_prefill_requests -= 1
+        self.queued_prefill_tokens_ours -= ticket.uncached_tokens
+
+    def release(self, ticket: Ticket) -> None:
+        """The request ended (any way): release all it holds. Caller ensures once per ticket."""
+        self.release_prefill(ticket)
+        self.in_flight_requests -= 1
+        self.decode_tokens -= ticket.decode_tokens
+        self.in_flight_context_tokens -= ticket.num_prompt_tokens + ticket.decode_tokens
+
+    def observe_engine(self, num_running: int | None, num_waiting: int | None) -> None:
+        """Record the engine's scraped gauges (None keeps the previous value)."""
+        if num_running is not None:
+            self.engine_num_running = max(0, int(num_running))
+        if num_waiting is not None:
+            self.engine_num_waiting = max(0, int(num_waiting))
+
+    @property
+    def requests(self) -> int:
+        """In-flight requests: max(ours, engine running + waiting)."""
+        engine = (self.engine_num_running or 0) + (self.engine_num_waiting or 0)
+        return max(self.in_flight_requests, engine)
+
+    @property
+    def queued_prefill_tokens(self) -> int:
+        """Prefill tokens queued on the backend: max(ours, engine waiting x mean uncached)."""
+        engine = int((self.engine_num_waiting or 0) * self.mean_uncached_tokens)
+        return max(self.queued_prefill_tokens_ours, engine)
+
+    @property
+    def in_flight_tokens(self) -> int:
+        """Queued prefill tokens plus decode tokens still to come (merged as above)."""
+        engine_decode = int((self.engine_num_running or 0) * self.mean_decode_tokens)
+        return self.queued_prefill_tokens + max(self.decode_tokens, engine_decode)
+
+    def check_invariants(self) -> None:
+        assert self.in_flight_requests >= 0, "load: in_flight_requests < 0"
+        assert 0 <= self.queued_prefill_requests <= self.in_flight_requests, (
+            "load: queued_prefill_requests outside [0, in_flight_requests]"
+        )
+        assert self.queued_prefill_tokens_ours >= 0, "load: queued prefill tokens < 0"
+        assert self.decode_tokens >= 0, "load: decode tokens < 0"
+        assert self.in_flight_context_tokens >= 0, "load: context tokens < 0"
+        if self.in_flight_requests == 0:
+            assert self.queued_prefill_tokens_ours == 0 and self.decode_tokens == 0, (
+                "load: tokens left with no request in flight"
+            )

@@ -1,0 +1,37 @@
+"""Routing policies: one registry and one factory (``make_policy``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvroute.core.policy.base import Decision, FleetView, LoadView, Policy, RouteRequest
+from kvroute.core.policy.round_robin import RoundRobinPolicy
+
+POLICIES: dict[str, type[Policy]] = {
+    RoundRobinPolicy.name: RoundRobinPolicy,
+}
+
+
+def policy_names() -> list[str]:
+    """Known policy names, sorted."""
+    return sorted(POLICIES)
+
+
+def make_policy(name: str, **kwargs: Any) -> Policy:
+    """Build the policy called ``name``; ValueError lists the known names."""
+    cls = POLICIES.get(name)
+    if cls is None:
+        raise ValueError(f"unknown policy {name!r}; known: {', '.join(policy_names())}")
+    return cls(**kwargs)
+
+
+__all__ = [
+    "POLICIES",
+    "Decision",
+    "FleetView",
+    "LoadView",
+    "Policy",
+    "RouteRequest",
+    "make_policy",
+    "policy_names",
+]

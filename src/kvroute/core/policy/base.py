@@ -1,0 +1,154 @@
+"""The policy contract: one request in, one ranked Decision out.
+
+A policy is one small class with one method, ``choose(request, view, now)``. It reads the
+fleet through a ``FleetView`` (eligible backends, load, prefix matches, TTFT estimates)
+and never mutates the index or the load counters: ``Fleet.dispatch`` does that once the
+caller commits to the decision. State a policy keeps of its own (a round-robin cursor)
+changes only inside ``choose`` or through the named hooks below.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass
+from random import Random
+from typing import Protocol
+
+import xxhash
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRequest:
+    """What the router knows of a request when it routes it."""
+
+    request_id: str  # unique per request (the proxy's id), used in tickets and logs
+    model: str | None  # requested model; None = any backend may serve it
+    block_hashes: Sequence[int]  # chained keys, one per full engine block (core/keys.py)
+    num_prompt_tokens: int  # prompt length in tokens (estimate in approximate mode)
+    max_tokens: int  # decode budget of the request, tokens
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Where a request goes and why; ``ranked`` lets a retry move on without deciding again."""
+
+    backend: str  # URL of the chosen backend
+    reason: str  # "prefix" | "load" | "cold" | "hash" | "round_robin" | "random" | ...
+    predicted_cached_tokens: int  # prefix-cache hit the router expects on `backend`, tokens
+    ranked: tuple[str, ...]  # best first; ranked[0] == backend; retries walk it
+    ttft_estimate_s: float | None = None  # the cost model's TTFT estimate on `backend`
+
+    def __post_init__(self) -> None:
+        if not self.ranked or self.ranked[0] != self.backend:
+            raise ValueError("Decision.ranked must start with Decision.backend")
+
+    def moved_to(self, url: str, reason: str = "retry") -> Decision:
+        """The same decision re-aimed at ``url`` (a retry): ``url`` first, then the rest.
+
+        ``Fleet.dispatch`` recomputes the predicted hit for the new backend itself.
+        """
+        rest = tuple(u for u in self.ranked if u != url)
+        return Decision(url, reason, 0, (url, *rest), None)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadView:
+    """One backend's load as a policy sees it (ours merged with the engine's gauges)."""
+
+    in_flight_requests: int  # requests dispatched and not finished (or engine running+waiting)
+    in_flight_tokens: int  # queued prefill tokens + decode tokens still to come
+    queued_prefill_tokens: int  # uncached prompt tokens not yet prefilled (before first token)
+    weight: float  # relative capacity of the backend (1.0 = nominal)
+
+
+class FleetView(Protocol):
+    """Read-only view of the fleet for one routing call (request model and exclude applied).
+
+    Every method costs O(1), O(k) or O(prompt blocks); only ``candidates()`` is O(fleet),
+    for the simple policies that need the whole eligible list.
+    """
+
+    @property
+    def rng(self) -> Random: ...  # the fleet's seeded generator (random-based policies)
+
+    def candidates(self) -> Sequence[str]:
+        """Eligible backends (healthy, not draining, serving the model, not excluded), by URL."""
+        ...
+
+    def least_loaded(self, k: int) -> list[str]:
+        """Up to ``k`` eligible backends with the fewest in-flight tokens per weight."""
+        ...
+
+    def load(self, url: str) -> LoadView: ...
+
+    def mean_in_flight_tokens(self) -> float:
+        """Mean weighted in-flight tokens over the healthy, non-draining fleet."""
+        ...
+
+    def match(self, block_hashes: Sequence[int], max_holders: int) -> list[tuple[str, int]]:
+        """Eligible holders as (url, leading blocks held), deepest first, <= ``max_holders``."""
+        ...
+
+    def matched_blocks(self, url: str, block_hashes: Sequence[int]) -> int:
+        """How many leading blocks of ``block_hashes`` ``url``'s cache model holds."""
+        ...
+
+    def estimate_ttft_s(self, url: str, request: RouteRequest, cached_tokens: int) -> float:
+        """Cost model: estimated TTFT of ``request`` on ``url`` given ``cached_tokens`` hit."""
+        ...
+
+    @property
+    def block_size(self) -> int: ...  # tokens per engine block of the request's model
+
+
+class Policy(abc.ABC):
+    """A routing policy. Subclasses set ``name`` and implement ``choose``."""
+
+    name: str = "abstract"
+
+    @abc.abstractmethod
+    def choose(self, request: RouteRequest, view: FleetView, now: float) -> Decision | None:
+        """The decision for ``request``, or None when the view has no candidate."""
+
+    def on_routed(self, decision: Decision, request: RouteRequest, now: float) -> None:
+        """Hook: the caller dispatched ``decision``. Default: nothing."""
+        return None
+
+    def on_finished(self, url: str, request_id: str, now: float, ok: bool) -> None:
+        """Hook: a request on ``url`` ended. Default: nothing."""
+        return None
+
+    def on_backend_removed(self, url: str) -> None:
+        """Hook: ``url`` left the fleet; drop any state about it. Default: nothing."""
+        return None
+
+
+def rendezvous_score(key: int, url: str) -> int:
+    """Highest-random-weight score of ``url`` for ``key``; the same in every process.
+
+    xxh3 of the URL seeded by the key, never Python's ``hash`` (salted per process).
+    """
+    return xxhash.xxh3_64_intdigest(url.encode(), key & 0xFFFF_FFFF_FFFF_FFFF)
+
+
+def rendezvous_order(key: int, urls: Sequence[str]) -> list[str]:
+    """``urls`` ordered by rendezvous score for ``key``, best first (deterministic)."""
+    return sorted(urls, key=lambda u: (-rendezvous_score(key, u), u))
+
+
+def request_key(request: RouteRequest) -> int:
+    """A stable per-request key for tie-breaks: the first block key, else a hash of the id."""
+    if request.block_hashes:
+        return int(request.block_hashes[0])
+    return xxhash.xxh3_64_intdigest(request.request_id.encode())
+
+
+def rest_by_load(view: FleetView, first: Sequence[str], limit: int = 8) -> tuple[str, ...]:
+    """``first`` followed by the least-loaded other candidates, for retries (at most ``limit``)."""
+    seen = dict.fromkeys(first)
+    for url in view.least_loaded(limit + len(seen)):
+        if len(seen) >= max(limit, len(first)):
+            break
+        seen.setdefault(url)
+    return tuple(seen)
