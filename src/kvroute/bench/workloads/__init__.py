@@ -1,0 +1,68 @@
+"""Named, seeded, deterministic workloads (docs: workloads.md in the shared docs).
+
+``make_workload("gsp", seed=1, overrides={"num_groups": "8"})`` builds one;
+``mooncake:PATH`` (or ``mooncake`` with ``trace_path``) replays a Mooncake trace.
+Everything here except the trace-file read in ``make_workload`` is pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from kvroute.bench.workloads.base import Workload, WorkloadDefaults, apply_overrides
+from kvroute.bench.workloads.mooncake import MooncakeParams, MooncakeReplay, TraceRow
+from kvroute.bench.workloads.multiturn import Multiturn, MultiturnParams, ZipfHot, ZipfHotParams
+from kvroute.bench.workloads.ranvier import RanvierStress, RanvierStressParams
+from kvroute.bench.workloads.shared_prefix import (
+    B2b,
+    B2bParams,
+    Gsp,
+    GspParams,
+    PrefixRepetition,
+    PrefixRepetitionParams,
+)
+
+# name -> (workload class, its parameter dataclass)
+SYNTHETIC: dict[str, tuple[type[Workload], type]] = {
+    "ranvier-stress": (RanvierStress, RanvierStressParams),
+    "gsp": (Gsp, GspParams),
+    "prefix-repetition": (PrefixRepetition, PrefixRepetitionParams),
+    "b2b": (B2b, B2bParams),
+    "multiturn": (Multiturn, MultiturnParams),
+    "zipf-hot": (ZipfHot, ZipfHotParams),
+}
+WORKLOAD_NAMES: tuple[str, ...] = (*SYNTHETIC, "mooncake:PATH")
+
+
+def make_workload(
+    name: str,
+    *,
+    seed: int = 0,
+    overrides: Mapping[str, str] | None = None,
+    trace_path: str | Path | None = None,
+) -> Workload:
+    """The workload called ``name``; ValueError lists the known names or the bad parameter."""
+    overrides = overrides or {}
+    if name in SYNTHETIC:
+        cls, params_cls = SYNTHETIC[name]
+        return cls(apply_overrides(params_cls(), overrides), seed)
+    if name == "mooncake" or name.startswith("mooncake:"):
+        from kvroute.bench.tracefile import DEFAULT_TRACE, read_mooncake_trace
+
+        path = Path(name.partition(":")[2] or trace_path or DEFAULT_TRACE)
+        params = apply_overrides(MooncakeParams(), overrides)
+        rows = read_mooncake_trace(path, params.max_requests)
+        return MooncakeReplay(rows, params, seed, source=str(path))
+    raise ValueError(f"unknown workload {name!r}; known: {', '.join(WORKLOAD_NAMES)}")
+
+
+__all__ = [
+    "SYNTHETIC",
+    "WORKLOAD_NAMES",
+    "MooncakeReplay",
+    "TraceRow",
+    "Workload",
+    "WorkloadDefaults",
+    "make_workload",
+]

@@ -1,0 +1,103 @@
+"""Mooncake trace replay: sharing reproduced, buckets spread, ceiling arithmetic."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from kvroute.bench.spec import count_tokens
+from kvroute.bench.tracefile import DEFAULT_TRACE, read_mooncake_trace
+from kvroute.bench.workloads import make_workload
+from kvroute.bench.workloads.mooncake import (
+    TraceRow,
+    detect_bucket_ms,
+    infinite_cache_hit_rate,
+    spread_timestamps,
+)
+
+# hand-made trace: 512-token blocks; rows 2 and 3 share blocks 0, 1 with row 1
+MINI = [
+    {"timestamp": 0, "input_length": 1200, "output_length": 10, "hash_ids": [0, 1, 2]},
+    {"timestamp": 0, "input_length": 1100, "output_length": 20, "hash_ids": [0, 1, 3]},
+    {"timestamp": 3000, "input_length": 700, "output_length": 0, "hash_ids": [0, 4]},
+    {"timestamp": 3000, "input_length": 1024, "output_length": 5, "hash_ids": [0, 1]},
+]
+
+
+@pytest.fixture
+def mini_trace(tmp_path):
+    path = tmp_path / "mini.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in MINI))
+    return path
+
+
+def test_ceiling_by_hand(mini_trace):
+    rows = read_mooncake_trace(mini_trace)
+    # row1: 0 hit; row2: blocks 0,1 -> 1024; row3: block 0 -> 512; row4: 0,1 -> min(1024, 1024)
+    want = (0 + 1024 + 512 + 1024) / (1200 + 1100 + 700 + 1024)
+    assert infinite_cache_hit_rate(rows) == pytest.approx(want)
+    w = make_workload(f"mooncake:{mini_trace}")
+    assert w.describe()["cache_ceiling_hit_rate"] == pytest.approx(want)
+
+
+def test_identical_hash_ids_give_identical_prefixes(mini_trace):
+    specs = list(make_workload(f"mooncake:{mini_trace}", seed=3).requests())
+    words = [s.prompt.split(" ") for s in specs]
+    assert [len(w) for w in words] == [1200, 1100, 700, 1024]
+    assert [count_tokens(s.prompt) for s in specs] == [s.num_prompt_tokens for s in specs]
+    assert words[0][:1024] == words[1][:1024] == words[3]
+    assert words[0][:512] == words[2][:512]
+    assert words[0][1024:1100] != words[1][1024:1100]
+    assert words[0][512:700] != words[2][512:700]
+    assert [s.max_tokens for s in specs] == [10, 20, 1, 5]
+    again = list(make_workload(f"mooncake:{mini_trace}", seed=3).requests())
+    other = list(make_workload(f"mooncake:{mini_trace}", seed=4).requests())
+    assert [s.to_json() for s in again] == [s.to_json() for s in specs]
+    assert specs[0].prompt != other[0].prompt
+
+
+def test_buckets_are_detected_and_spread_in_file_order(mini_trace):
+    assert detect_bucket_ms([0, 0, 3000, 3000]) == 3000
+    assert detect_bucket_ms([0, 17, 3000, 5123]) == 0.0  # continuous: left alone
+    spread = spread_timestamps([0, 0, 0, 3000], 3000, random.Random(1))
+    assert spread[:3] == sorted(spread[:3]) and len(set(spread[:3])) == 3
+    assert all(0 <= t < 3000 for t in spread[:3]) and 3000 <= spread[3] < 6000
+    specs = list(make_workload(f"mooncake:{mini_trace}", overrides={"speedup": "2"}).requests())
+    arrivals = [s.arrival_s for s in specs]
+    # times count from the trace's first timestamp, halved by the speedup
+    assert all(0 <= a < 1.5 for a in arrivals[:2]) and all(1.5 <= a < 3.0 for a in arrivals[2:])
+
+
+def test_options_cap_scale_and_truncate(mini_trace):
+    w = make_workload(
+        f"mooncake:{mini_trace}",
+        overrides={"max_requests": "2", "input_scale": "0.25", "output_cap": "12"},
+    )
+    specs = list(w.requests())
+    assert len(specs) == 2
+    assert [s.num_prompt_tokens for s in specs] == [300, 275]
+    assert [s.max_tokens for s in specs] == [10, 12]
+    words = [s.prompt.split(" ") for s in specs]
+    assert words[0][:256] == words[1][:256]  # two scaled 128-token blocks shared
+
+
+def test_bad_row_names_the_line(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 5}\n')
+    with pytest.raises(ValueError, match=r"bad\.jsonl:1"):
+        read_mooncake_trace(path)
+
+
+def test_trace_row_rejects_nonsense():
+    with pytest.raises(ValueError):
+        TraceRow(0.0, 0, 1, (1,))
+
+
+@pytest.mark.skipif(not DEFAULT_TRACE.exists(), reason="shared Mooncake trace not present")
+def test_conversation_trace_ceiling_is_37_4_percent():
+    rows = read_mooncake_trace(DEFAULT_TRACE)
+    assert len(rows) == 12031
+    assert infinite_cache_hit_rate(rows) == pytest.approx(0.374, abs=0.0005)
+    assert detect_bucket_ms([r.timestamp_ms for r in rows]) == 3000
