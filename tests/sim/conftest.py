@@ -1,0 +1,34 @@
+"""Fixtures: simulated fleets on free loopback ports, and a client session."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+
+from kvroute.sim.server import SimFleet, start_fleet
+
+
+@pytest.fixture
+async def fleet() -> AsyncIterator[SimFleet]:
+    """Two `tiny` backends with KV events; checks at teardown that nothing is left running."""
+    f = await start_fleet(2, profile="tiny", speedup=4.0, kv_events=True)
+    try:
+        yield f
+        for backend in f.backends:  # every request finished or was aborted
+            for _ in range(200):
+                if not backend.engine.has_unfinished_requests():
+                    break
+                await asyncio.sleep(0.01)
+            assert not backend.engine.has_unfinished_requests(), "a request leaked"
+            assert backend.engine.stats.kv_cache_usage == 0, "blocks leaked"
+    finally:
+        await f.close()
+
+
+@pytest.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as s:
+        yield s
