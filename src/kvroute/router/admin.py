@@ -1,0 +1,114 @@
+"""Admin API: list, add, remove and drain backends, behind a bearer admin key.
+
+With no admin key configured the API is off (403): an open admin API on a proxy that
+holds backend credentials is a hole, so it must be switched on deliberately.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from kvroute.router.clients import bearer_token
+from kvroute.router.config import BackendConfig
+from kvroute.router.errors import BadRequest, Forbidden, NotFound, Unauthorized
+from kvroute.router.health import probe
+from kvroute.router.state import STATE, RouterState
+from kvroute.router.status import backend_rows
+
+_decode = msgspec.json.Decoder().decode
+
+
+def _authorize(request: web.Request) -> RouterState:
+    state = request.app[STATE]
+    key = state.config.admin_key
+    if key is None:
+        raise Forbidden("the admin API is disabled: set admin_key (or --admin-key) to enable it")
+    token = bearer_token(request.headers.get("Authorization")) or ""
+    if not hmac.compare_digest(token.encode(), key.encode()):
+        raise Unauthorized("missing or invalid admin key")
+    return state
+
+
+async def _json_object(request: web.Request) -> dict[str, Any]:
+    raw = await request.read()
+    try:
+        body = _decode(raw) if raw else {}
+    except msgspec.DecodeError as exc:
+        raise BadRequest(f"body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise BadRequest("body must be a JSON object")
+    return body
+
+
+async def _url_of(request: web.Request) -> str:
+    url = request.query.get("url") or (await _json_object(request)).get("url")
+    if not isinstance(url, str) or not url:
+        raise BadRequest("'url' is required (JSON body or ?url=)")
+    return url.rstrip("/")
+
+
+async def handle_list(request: web.Request) -> web.Response:
+    state = _authorize(request)
+    return web.json_response({"backends": backend_rows(state)})
+
+
+async def handle_add(request: web.Request) -> web.Response:
+    """Add a backend; it takes traffic after its first good health probe (run at once)."""
+    state = _authorize(request)
+    body = await _json_object(request)
+    unknown = set(body) - {"url", "api_key", "weight"}
+    if unknown:
+        raise BadRequest(f"unknown fields {sorted(unknown)}")
+    try:
+        config = BackendConfig(**body)
+    except (TypeError, ValueError) as exc:
+        raise BadRequest(str(exc)) from None
+    if state.backends.get(config.url) is not None:
+        raise BadRequest(f"backend {config.url} is already present")
+    rt = state.backends.add(config)
+    await probe(state, rt)
+    return web.json_response(
+        {"url": rt.url, "healthy": rt.routable, "models": list(rt.models)}, status=201
+    )
+
+
+async def handle_remove(request: web.Request) -> web.Response:
+    """Remove at once; in-flight requests on it finish, their load release is a no-op."""
+    state = _authorize(request)
+    url = await _url_of(request)
+    try:
+        state.backends.remove(url)
+    except KeyError:
+        raise NotFound(f"no backend {url}") from None
+    return web.json_response({"removed": url})
+
+
+async def handle_drain(request: web.Request) -> web.Response:
+    """Stop sending new requests to a backend (``"draining": false`` undoes it)."""
+    state = _authorize(request)
+    body = await _json_object(request)
+    url = body.get("url") or request.query.get("url")
+    if not isinstance(url, str) or not url:
+        raise BadRequest("'url' is required")
+    draining = body.get("draining", True)
+    if not isinstance(draining, bool):
+        raise BadRequest("'draining' must be a boolean")
+    url = url.rstrip("/")
+    if state.backends.get(url) is None:
+        raise NotFound(f"no backend {url}")
+    state.backends.set_draining(url, draining)
+    row = next(r for r in backend_rows(state) if r["url"] == url)
+    return web.json_response(
+        {"url": url, "draining": draining, "in_flight": row["kvroute_backend_in_flight_requests"]}
+    )
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/admin/backends", handle_list)
+    app.router.add_post("/admin/backends", handle_add)
+    app.router.add_delete("/admin/backends", handle_remove)
+    app.router.add_post("/admin/backends/drain", handle_drain)

@@ -1,0 +1,240 @@
+"""The router's view of its backends: health, circuit, models; keeps the Fleet in sync.
+
+A backend is *routable* exactly when its last active probes say healthy and its circuit
+breaker is not open; the Fleet is told (``set_healthy``) whenever that changes, so the
+request path never loops over the fleet. Model lists come from each backend's
+``/v1/models``; ``model_is_known`` answers "404 or 503?" in O(1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from kvroute.router.breaker import CircuitBreaker, CircuitState
+from kvroute.router.config import BackendConfig, BreakerConfig, HealthConfig
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSample:
+    """One scrape of a vLLM-style /metrics page (None = the engine does not export it)."""
+
+    num_running: int | None  # vllm:num_requests_running
+    num_waiting: int | None  # vllm:num_requests_waiting
+    kv_cache_usage: float | None  # vllm:kv_cache_usage_perc, 0..1
+    prefix_cache_hits: float | None  # vllm:prefix_cache_hits_total, tokens
+    prefix_cache_queries: float | None  # vllm:prefix_cache_queries_total, tokens
+    block_size: int | None  # vllm:cache_config_info{block_size}
+    num_gpu_blocks: int | None  # vllm:cache_config_info{num_gpu_blocks}
+
+
+class FleetLike(Protocol):
+    """The part of ``kvroute.core.fleet.Fleet`` this module drives."""
+
+    def add_backend(self, url: str, *, models: Any = (), weight: float = 1.0) -> None: ...
+    def remove_backend(self, url: str) -> None: ...
+    def set_models(self, url: str, models: Any) -> None: ...
+    def set_healthy(self, url: str, healthy: bool) -> None: ...
+    def set_draining(self, url: str, draining: bool) -> None: ...
+
+
+@dataclass(slots=True)
+class BackendRuntime:
+    """Router-side state of one backend (the Fleet holds load and cache state)."""
+
+    config: BackendConfig
+    breaker: CircuitBreaker
+    probe_ok: bool = False  # verdict of the active health checks
+    probe_failures: int = 0  # consecutive failed probes
+    probe_successes: int = 0  # consecutive good probes
+    models: tuple[str, ...] = ()  # ids from /v1/models, empty until discovered
+    model_cards: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> card
+    draining: bool = False  # takes no new requests; in-flight ones finish
+    routable: bool = False  # what the Fleet was last told via set_healthy
+    last_error: str | None = None  # last probe or request failure, for the status page
+    # headers sent upstream on every request (api key); built once
+    auth_header: str | None = None
+    engine: EngineSample | None = None  # last scraped engine gauges and counters
+
+    @property
+    def url(self) -> str:
+        return self.config.url
+
+
+class Backends:
+    """Registry of BackendRuntime by URL, mirrored into the Fleet."""
+
+    def __init__(
+        self,
+        fleet: FleetLike,
+        breaker_config: BreakerConfig,
+        health_config: HealthConfig,
+        *,
+        call_later: Callable[[float, Callable[[], None]], object] | None = None,
+        clock: Callable[[], float],
+    ) -> None:
+        self._fleet = fleet
+        self._breaker_config = breaker_config
+        self._health = health_config
+        self._call_later = call_later
+        self._clock = clock
+        self._by_url: dict[str, BackendRuntime] = {}
+        self._model_refs: dict[str, int] = {}  # model -> number of backends listing it
+        self._num_unlisted = 0  # backends whose model list is unknown (serve anything)
+        self._timers: dict[str, Any] = {}  # url -> pending half-open re-check
+        self.num_routable = 0
+
+    def close(self) -> None:
+        """Cancel pending timers (app shutdown)."""
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
+
+    def __iter__(self) -> Iterator[BackendRuntime]:
+        return iter(list(self._by_url.values()))
+
+    def __len__(self) -> int:
+        return len(self._by_url)
+
+    def get(self, url: str) -> BackendRuntime | None:
+        return self._by_url.get(url)
+
+    def add(self, config: BackendConfig) -> BackendRuntime:
+        if config.url in self._by_url:
+            raise ValueError(f"backend {config.url} already present")
+        rt = BackendRuntime(config=config, breaker=CircuitBreaker(self._breaker_config))
+        if config.api_key:
+            rt.auth_header = f"Bearer {config.api_key}"
+        self._by_url[config.url] = rt
+        self._num_unlisted += 1
+        self._fleet.add_backend(config.url, models=(), weight=config.weight)
+        self._fleet.set_healthy(config.url, False)
+        return rt
+
+    def remove(self, url: str) -> BackendRuntime:
+        rt = self._by_url.pop(url, None)
+        if rt is None:
+            raise KeyError(url)
+        timer = self._timers.pop(url, None)
+        if timer is not None:
+            timer.cancel()
+        self._set_models(rt, ())
+        self._num_unlisted -= 1
+        if rt.routable:
+            self.num_routable -= 1
+        self._fleet.remove_backend(url)
+        return rt
+
+    # -- health and circuit ---------------------------------------------------------
+
+    def record_probe(self, url: str, ok: bool, error: str | None = None) -> None:
+        """One active health probe result; flips probe_ok after N in a row."""
+        rt = self._by_url.get(url)
+        if rt is None:
+            return
+        if ok:
+            rt.probe_failures = 0
+            rt.probe_successes += 1
+            if not rt.probe_ok and rt.probe_successes >= self._health.healthy_after:
+                rt.probe_ok = True
+                rt.breaker.reset()  # a recovered backend starts with a clean slate
+        else:
+            rt.last_error = error
+            rt.probe_successes = 0
+            rt.probe_failures += 1
+            if rt.probe_ok and rt.probe_failures >= self._health.unhealthy_after:
+                rt.probe_ok = False
+        self._sync(rt)
+
+    def record_success(self, url: str) -> None:
+        rt = self._by_url.get(url)
+        if rt is None or (rt.breaker.state is CircuitState.CLOSED and not rt.breaker.failures):
+            return  # the common case costs two attribute reads
+        rt.breaker.record_success()
+        self._sync(rt)
+
+    def record_failure(self, url: str, error: str) -> None:
+        rt = self._by_url.get(url)
+        if rt is None:
+            return
+        rt.last_error = error
+        was_open = rt.breaker.state is CircuitState.OPEN
+        rt.breaker.record_failure(self._clock())
+        if rt.breaker.state is CircuitState.OPEN and not was_open:
+            self._sync(rt)
+            if self._call_later is not None:
+                # re-check right when the circuit may turn half-open
+                old = self._timers.pop(url, None)
+                if old is not None:
+                    old.cancel()
+                self._timers[url] = self._call_later(
+                    self._breaker_config.open_s, lambda: self.refresh_one(url)
+                )
+
+    def refresh_one(self, url: str) -> None:
+        rt = self._by_url.get(url)
+        if rt is not None:
+            self._sync(rt)
+
+    def refresh(self) -> None:
+        """Time-driven transitions (open -> half-open); called by the health loop."""
+        for rt in self:
+            self._sync(rt)
+
+    def _sync(self, rt: BackendRuntime) -> None:
+        routable = rt.probe_ok and rt.breaker.allows(self._clock())
+        if routable != rt.routable:
+            rt.routable = routable
+            self.num_routable += 1 if routable else -1
+            self._fleet.set_healthy(rt.url, routable)
+
+    def set_draining(self, url: str, draining: bool) -> None:
+        rt = self._by_url[url]
+        rt.draining = draining
+        self._fleet.set_draining(url, draining)
+
+    # -- models -----------------------------------------------------------------------
+
+    def set_models(self, url: str, cards: list[dict[str, Any]]) -> None:
+        rt = self._by_url.get(url)
+        if rt is None:
+            return
+        rt.model_cards = {str(c["id"]): c for c in cards if isinstance(c, dict) and "id" in c}
+        self._set_models(rt, tuple(sorted(rt.model_cards)))
+
+    def _set_models(self, rt: BackendRuntime, models: tuple[str, ...]) -> None:
+        if models == rt.models:
+            return
+        for m in rt.models:
+            self._model_refs[m] -= 1
+            if not self._model_refs[m]:
+                del self._model_refs[m]
+        for m in models:
+            self._model_refs[m] = self._model_refs.get(m, 0) + 1
+        if not rt.models:
+            self._num_unlisted -= 1
+        if not models:
+            self._num_unlisted += 1
+        rt.models = models
+        if rt.url in self._by_url:
+            self._fleet.set_models(rt.url, models)
+
+    def model_is_known(self, model: str) -> bool:
+        """Some backend (healthy or not) lists ``model``, or one's list is unknown: not 404."""
+        return model in self._model_refs or self._num_unlisted > 0
+
+    def only_model(self) -> str | None:
+        """The single model served by the fleet, for requests that omit ``model``."""
+        if len(self._model_refs) == 1:
+            return next(iter(self._model_refs))
+        return None
+
+    def model_cards(self) -> list[dict[str, Any]]:
+        """Union of model cards over routable backends (``GET /v1/models``)."""
+        seen: dict[str, dict[str, Any]] = {}
+        for rt in self:
+            if rt.routable and not rt.draining:
+                for mid, card in rt.model_cards.items():
+                    seen.setdefault(mid, card)
+        return [seen[m] for m in sorted(seen)]

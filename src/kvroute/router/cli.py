@@ -1,0 +1,107 @@
+"""``kvroute serve``: run the router (aiohttp on uvloop) until SIGINT/SIGTERM.
+
+On a signal the listener closes, /health turns 503, and in-flight requests get up to
+``drain_timeout_s`` to finish before the rest is cancelled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+
+from aiohttp import web
+
+from kvroute.router.app import make_app
+from kvroute.router.config import RouterConfig, load_config
+
+log = logging.getLogger("kvroute.router")
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = subparsers.add_parser(
+        "serve",
+        help="run the KV-cache-aware router in front of OpenAI-compatible backends",
+        description="OpenAI-compatible reverse proxy that routes by prefix-cache locality.",
+    )
+    p.add_argument("--backend", action="append", default=[], metavar="URL",
+                   help="backend base URL (repeatable), e.g. http://127.0.0.1:8001")  # fmt: skip
+    p.add_argument("--config", metavar="FILE", help="YAML config (backends, timeouts, keys...)")
+    p.add_argument("--policy", help="routing policy (default from config, else 'prefix')")
+    p.add_argument("--host", help="listen address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="listen port (default 8000)")
+    p.add_argument("--admin-key", help="bearer key of /admin/... (or env KVROUTE_ADMIN_KEY)")
+    p.add_argument("--drain-timeout", type=float, dest="drain_timeout_s",
+                   help="seconds in-flight requests get to finish on shutdown")  # fmt: skip
+    p.add_argument("--log-level", default="WARNING", help="python logging level")
+    p.set_defaults(func=run)
+
+
+def config_from_args(args: argparse.Namespace) -> RouterConfig:
+    overrides = {
+        "policy": args.policy,
+        "host": args.host,
+        "port": args.port,
+        "admin_key": args.admin_key or os.environ.get("KVROUTE_ADMIN_KEY"),
+        "drain_timeout_s": args.drain_timeout_s,
+    }
+    return load_config(args.config, backends=args.backend, overrides=overrides)
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    try:
+        config = config_from_args(args)
+        if not config.backends:
+            raise ValueError("backends: give at least one --backend URL or a --config file")
+    except (ValueError, OSError) as exc:
+        print(f"kvroute serve: {exc}", file=sys.stderr)
+        return 2
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:  # pragma: no cover - uvloop is a dependency off Windows
+        pass
+    try:
+        asyncio.run(serve(config))
+    except ValueError as exc:  # e.g. unknown policy
+        print(f"kvroute serve: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+async def serve(config: RouterConfig, *, ready: asyncio.Event | None = None) -> None:
+    """Serve until SIGINT/SIGTERM; then drain."""
+    app = make_app(config)
+    runner = web.AppRunner(
+        app,
+        handler_cancellation=True,  # a client disconnect cancels its upstream request
+        shutdown_timeout=config.drain_timeout_s,
+        access_log=None,
+    )
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port, backlog=1024)
+    await site.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    host, port = runner.addresses[0][:2]
+    print(
+        f"kvroute serve: listening on http://{host}:{port} "
+        f"({len(config.backends)} backends, policy {config.policy})",
+        flush=True,
+    )
+    if ready is not None:
+        ready.set()
+    try:
+        await stop.wait()
+    finally:
+        log.warning(
+            "shutting down: draining in-flight requests (up to %ss)", config.drain_timeout_s
+        )
+        await runner.cleanup()

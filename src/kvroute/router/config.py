@@ -1,0 +1,263 @@
+"""Router configuration: frozen dataclasses, one loader for YAML + command-line flags.
+
+Each dataclass range-checks its fields in ``__post_init__`` and raises ``ValueError``
+naming the field (style.md §7.11). ``load_config`` is the only place that reads YAML.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import yaml
+
+IpNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def _check(ok: bool, name: str, msg: str) -> None:
+    if not ok:
+        raise ValueError(f"{name}: {msg}")
+
+
+def normalize_url(url: str) -> str:
+    """A backend URL without trailing slash; ValueError unless http(s)://host[:port]."""
+    parts = urlsplit(url.strip())
+    _check(parts.scheme in ("http", "https"), "backend.url", f"not an http(s) URL: {url!r}")
+    _check(bool(parts.hostname), "backend.url", f"no host in {url!r}")
+    return url.strip().rstrip("/")
+
+
+@dataclass(frozen=True, slots=True)
+class BackendConfig:
+    """One upstream engine."""
+
+    url: str  # http(s)://host:port, no trailing slash
+    api_key: str | None = None  # sent upstream as "Authorization: Bearer ..."
+    weight: float = 1.0  # relative capacity, passed to Fleet.add_backend
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "url", normalize_url(self.url))
+        _check(self.weight > 0, "backend.weight", f"must be > 0, got {self.weight}")
+
+
+@dataclass(frozen=True, slots=True)
+class TimeoutConfig:
+    """Upstream timeouts, seconds. Before the first byte a timeout is retried elsewhere."""
+
+    connect_s: float = 5.0  # TCP connect to a backend
+    first_byte_s: float = 300.0  # request sent -> response headers (non-streaming: whole answer)
+    idle_s: float = 60.0  # longest gap between two chunks of a response body
+    total_s: float = 1800.0  # whole request, first attempt to last byte
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            _check(0 < value <= 86_400, f"timeouts.{f.name}", f"must be in (0, 86400], got {value}")
+
+
+@dataclass(frozen=True, slots=True)
+class LimitConfig:
+    """Sizes and counts that bound the router's resources."""
+
+    max_body_bytes: int = 10 * 1024 * 1024  # larger request bodies get 413
+    max_connections: int = 1024  # pooled upstream connections in total
+    max_connections_per_backend: int = 256  # pooled upstream connections per backend
+    max_attempts: int = 3  # backends tried per request before 502/503
+    retry_backoff_s: float = 0.02  # sleep before attempt k is k * this
+
+    def __post_init__(self) -> None:
+        _check(self.max_body_bytes >= 1024, "limits.max_body_bytes", "must be >= 1024")
+        _check(self.max_connections >= 1, "limits.max_connections", "must be >= 1")
+        _check(
+            self.max_connections_per_backend >= 1,
+            "limits.max_connections_per_backend",
+            "must be >= 1",
+        )
+        _check(1 <= self.max_attempts <= 16, "limits.max_attempts", "must be in [1, 16]")
+        _check(0 <= self.retry_backoff_s <= 10, "limits.retry_backoff_s", "must be in [0, 10]")
+
+
+@dataclass(frozen=True, slots=True)
+class HealthConfig:
+    """Active health checks, model discovery and the metrics scraper."""
+
+    interval_s: float = 5.0  # GET /health and /v1/models on every backend this often
+    timeout_s: float = 2.0  # per probe
+    unhealthy_after: int = 2  # consecutive failed probes -> unhealthy
+    healthy_after: int = 1  # consecutive good probes -> healthy again
+    scrape_interval_s: float = 2.0  # GET /metrics this often; 0 disables the scraper
+
+    def __post_init__(self) -> None:
+        _check(0 < self.interval_s <= 3600, "health.interval_s", "must be in (0, 3600]")
+        _check(0 < self.timeout_s <= 60, "health.timeout_s", "must be in (0, 60]")
+        _check(self.unhealthy_after >= 1, "health.unhealthy_after", "must be >= 1")
+        _check(self.healthy_after >= 1, "health.healthy_after", "must be >= 1")
+        _check(
+            0 <= self.scrape_interval_s <= 3600, "health.scrape_interval_s", "must be in [0, 3600]"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerConfig:
+    """Per-backend circuit breaker on passive failures (connect errors, 5xx, timeouts)."""
+
+    failure_threshold: int = 5  # consecutive failures that open the circuit
+    open_s: float = 10.0  # time open before half-open lets trial requests through
+    half_open_successes: int = 2  # trial successes that close it again
+
+    def __post_init__(self) -> None:
+        _check(self.failure_threshold >= 1, "breaker.failure_threshold", "must be >= 1")
+        _check(0 < self.open_s <= 3600, "breaker.open_s", "must be in (0, 3600]")
+        _check(self.half_open_successes >= 1, "breaker.half_open_successes", "must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class ClientKey:
+    """One client API key and its limits (None = unlimited)."""
+
+    name: str  # shown in metrics and logs instead of the key
+    key: str  # the bearer token clients send
+    max_concurrency: int | None = None  # requests in flight at once
+    rate_per_s: float | None = None  # sustained requests per second (token bucket)
+    burst: int | None = None  # bucket size; default max(1, rate_per_s)
+
+    def __post_init__(self) -> None:
+        _check(bool(self.name), "clients.keys.name", "must not be empty")
+        _check(len(self.key) >= 8, f"clients.keys[{self.name}].key", "must be >= 8 characters")
+        if self.max_concurrency is not None:
+            _check(self.max_concurrency >= 1, "clients.keys.max_concurrency", "must be >= 1")
+        if self.rate_per_s is not None:
+            _check(self.rate_per_s > 0, "clients.keys.rate_per_s", "must be > 0")
+        if self.burst is not None:
+            _check(self.burst >= 1, "clients.keys.burst", "must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class RouterConfig:
+    """Everything ``kvroute serve`` needs; built by ``load_config``."""
+
+    backends: tuple[BackendConfig, ...] = ()  # the static fleet; admin API adds more
+    policy: str = "prefix"  # core policy name (core/policy registry)
+    host: str = "127.0.0.1"  # listen address
+    port: int = 8000  # listen port (0 = any free port)
+    timeouts: TimeoutConfig = field(default_factory=TimeoutConfig)
+    limits: LimitConfig = field(default_factory=LimitConfig)
+    health: HealthConfig = field(default_factory=HealthConfig)
+    breaker: BreakerConfig = field(default_factory=BreakerConfig)
+    client_keys: tuple[ClientKey, ...] = ()  # non-empty -> every API call needs a key
+    trusted_proxies: tuple[IpNetwork, ...] = ()  # X-Forwarded-For believed only from these
+    admin_key: str | None = None  # bearer token of /admin/...; None disables the admin API
+    drain_timeout_s: float = 30.0  # on shutdown, wait this long for in-flight requests
+    log_prompts: bool = False  # prompts never logged unless set
+
+    def __post_init__(self) -> None:
+        _check(0 <= self.port <= 65535, "port", f"must be in [0, 65535], got {self.port}")
+        _check(bool(self.policy), "policy", "must not be empty")
+        _check(0 <= self.drain_timeout_s <= 3600, "drain_timeout_s", "must be in [0, 3600]")
+        urls = [b.url for b in self.backends]
+        _check(len(urls) == len(set(urls)), "backends", "duplicate backend URL")
+        names = [k.key for k in self.client_keys]
+        _check(len(names) == len(set(names)), "clients.keys", "duplicate key")
+        if self.admin_key is not None:
+            _check(len(self.admin_key) >= 8, "admin_key", "must be >= 8 characters")
+
+
+def _section(cls: type, raw: Any, name: str) -> Any:
+    if raw is None:
+        return cls()
+    _check(isinstance(raw, Mapping), name, "must be a mapping")
+    known = {f.name for f in fields(cls)}
+    unknown = set(raw) - known
+    _check(not unknown, name, f"unknown keys {sorted(unknown)}; known: {sorted(known)}")
+    try:
+        return cls(**raw)
+    except TypeError as exc:
+        raise ValueError(f"{name}: {exc}") from None
+
+
+def _backend(raw: Any) -> BackendConfig:
+    if isinstance(raw, str):
+        return BackendConfig(url=raw)
+    return _section(BackendConfig, raw, "backends[]")
+
+
+def _expand(value: Any) -> Any:
+    """``env:NAME`` reads a secret from the environment (keys need not sit in the YAML)."""
+    if isinstance(value, str) and value.startswith("env:"):
+        name = value[4:]
+        _check(name in os.environ, value, "environment variable not set")
+        return os.environ[name]
+    return value
+
+
+def config_from_mapping(raw: Mapping[str, Any]) -> RouterConfig:
+    """A RouterConfig from the parsed YAML document; ValueError names the bad field."""
+    known = {f.name for f in fields(RouterConfig)} - {"client_keys"} | {"clients"}
+    unknown = set(raw) - known
+    _check(not unknown, "config", f"unknown keys {sorted(unknown)}; known: {sorted(known)}")
+    backends = raw.get("backends") or []
+    _check(isinstance(backends, list), "backends", "must be a list")
+    clients = raw.get("clients") or {}
+    _check(isinstance(clients, Mapping), "clients", "must be a mapping with 'keys'")
+    keys_raw = clients.get("keys") or []
+    _check(isinstance(keys_raw, list), "clients.keys", "must be a list")
+    keys = []
+    for k in keys_raw:
+        _check(isinstance(k, Mapping), "clients.keys[]", "must be a mapping")
+        keys.append(_section(ClientKey, {**k, "key": _expand(k.get("key"))}, "clients.keys[]"))
+    proxies = []
+    for p in raw.get("trusted_proxies") or []:
+        try:
+            proxies.append(ipaddress.ip_network(str(p), strict=False))
+        except ValueError as exc:
+            raise ValueError(f"trusted_proxies: {exc}") from None
+    scalars = {
+        k: _expand(raw[k])
+        for k in ("policy", "host", "port", "admin_key", "drain_timeout_s", "log_prompts")
+        if k in raw
+    }
+    backend_list = []
+    for b in backends:
+        if isinstance(b, Mapping) and "api_key" in b:
+            b = {**b, "api_key": _expand(b["api_key"])}
+        backend_list.append(_backend(b))
+    return RouterConfig(
+        backends=tuple(backend_list),
+        timeouts=_section(TimeoutConfig, raw.get("timeouts"), "timeouts"),
+        limits=_section(LimitConfig, raw.get("limits"), "limits"),
+        health=_section(HealthConfig, raw.get("health"), "health"),
+        breaker=_section(BreakerConfig, raw.get("breaker"), "breaker"),
+        client_keys=tuple(keys),
+        trusted_proxies=tuple(proxies),
+        **scalars,
+    )
+
+
+def load_config(
+    path: str | Path | None = None,
+    *,
+    backends: Sequence[str] = (),
+    overrides: Mapping[str, Any] | None = None,
+) -> RouterConfig:
+    """YAML file (optional) + ``--backend`` URLs + flag overrides -> one RouterConfig.
+
+    Flags win over the file; ``--backend`` URLs are added to the file's backends.
+    ``overrides`` holds top-level RouterConfig fields whose value is not None.
+    """
+    raw: dict[str, Any] = {}
+    if path is not None:
+        text = Path(path).read_text()
+        loaded = yaml.safe_load(text) or {}
+        _check(isinstance(loaded, Mapping), str(path), "top level must be a mapping")
+        raw = dict(loaded)
+    config = config_from_mapping(raw)
+    extra = tuple(BackendConfig(url=u) for u in backends)
+    changes: dict[str, Any] = {k: v for k, v in (overrides or {}).items() if v is not None}
+    if extra:
+        changes["backends"] = config.backends + extra
+    return replace(config, **changes) if changes else config

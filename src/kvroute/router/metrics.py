@@ -1,0 +1,129 @@
+"""Prometheus metrics of one router app (a registry per app, so tests can build many).
+
+Request-path metrics are plain counters/histograms updated once per request. Per-backend
+gauges (in flight, queue, KV usage, circuit, hit rates) are read from the Fleet and the
+backend registry only when ``/metrics`` is scraped, so they cost nothing per request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any, ClassVar
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+LATENCY_BUCKETS_S = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+)  # fmt: skip
+DECISION_BUCKETS_S = (
+    0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05,
+)  # fmt: skip
+
+
+class RouterMetrics:
+    """The request-path instruments; ``registry`` also holds the per-backend collector."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "kvroute_requests",
+            "Requests answered, by HTTP status, backend and routing decision reason",
+            ["status", "backend", "reason"],
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "kvroute_ttft_seconds",
+            "Router-side time to first byte of the answer (arrival -> first body chunk sent)",
+            ["backend"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "kvroute_e2e_seconds",
+            "Router-side end-to-end latency of proxied requests",
+            ["backend"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.decision = Histogram(
+            "kvroute_decision_seconds",
+            "Parse + keys + routing decision time per request",
+            buckets=DECISION_BUCKETS_S,
+            registry=r,
+        )
+        self.retries = Counter(
+            "kvroute_retries",
+            "Attempts that failed before the first byte and were retried elsewhere",
+            ["backend", "cause"],
+            registry=r,
+        )
+        self.midstream_failures = Counter(
+            "kvroute_midstream_failures",
+            "Streams cut by a backend failure after the first byte (ended with an SSE error)",
+            ["backend"],
+            registry=r,
+        )
+        self.client_disconnects = Counter(
+            "kvroute_client_disconnects",
+            "Requests whose client went away before the answer ended (upstream cancelled)",
+            registry=r,
+        )
+        self.predicted_cached = Counter(
+            "kvroute_predicted_cached_tokens",
+            "Prompt tokens the router predicted cached on the chosen backend",
+            ["backend"],
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "kvroute_routed_prompt_tokens",
+            "Prompt tokens (router estimate) routed to each backend",
+            ["backend"],
+            registry=r,
+        )
+
+    def add_collector(self, collector: Collector) -> None:
+        self.registry.register(collector)
+
+
+class BackendCollector(Collector):
+    """Scrape-time gauges from a callable returning one dict of values per backend."""
+
+    # gauge name -> help; each row dict carries these keys (None = unknown, skipped)
+    GAUGES: ClassVar[dict[str, str]] = {
+        "kvroute_backend_healthy": "1 when the backend is routable (probes ok, circuit not open)",
+        "kvroute_backend_draining": "1 while the backend is draining",
+        "kvroute_backend_circuit_state": "Circuit breaker: 0 closed, 1 half-open, 2 open",
+        "kvroute_backend_in_flight_requests": "Requests the router has in flight on the backend",
+        "kvroute_backend_in_flight_tokens": "Tokens (prompt + max new) the router has in flight",
+        "kvroute_backend_engine_running": "vllm:num_requests_running, last scrape",
+        "kvroute_backend_engine_waiting": "vllm:num_requests_waiting, last scrape",
+        "kvroute_backend_engine_kv_usage": "vllm:kv_cache_usage_perc (0..1), last scrape",
+        "kvroute_backend_engine_prefix_hits_tokens": "vllm:prefix_cache_hits_total, last scrape",
+        "kvroute_backend_engine_prefix_queries_tokens": "vllm:prefix_cache_queries_total",
+        "kvroute_backend_predicted_hit_rate": "Router-predicted cached / prompt tokens",
+        "kvroute_backend_measured_hit_rate": "Engine-measured prefix hit rate since start",
+        "kvroute_backend_index_blocks": "Blocks the router's index holds for the backend",
+    }
+
+    def __init__(self, rows: Callable[[], list[dict[str, Any]]]) -> None:
+        self._rows = rows
+
+    def describe(self) -> list[Any]:
+        return []  # unchecked collector: names are fixed, values come at collect time
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        rows = self._rows()
+        for name, help_text in self.GAUGES.items():
+            family = GaugeMetricFamily(name, help_text, labels=["backend"])
+            for row in rows:
+                value = row.get(name)
+                if value is not None:
+                    family.add_metric([row["url"]], float(value))
+            yield family
+        total = GaugeMetricFamily("kvroute_index_blocks", "Blocks in the router's prefix index")
+        total.add_metric([], float(sum(r.get("kvroute_backend_index_blocks") or 0 for r in rows)))
+        yield total

@@ -1,0 +1,191 @@
+"""The completion handlers: parse once, route via the Fleet, forward, relay, release.
+
+Per request: admit the client key -> read and parse the body -> routing keys -> Fleet
+decision -> dispatch (load acquired) -> open upstream; a failure before the first byte
+is retried on the next-best backend -> relay (non-streaming: whole body; streaming: each
+chunk as it arrives) -> Fleet.finish in a ``finally`` (load released exactly once).
+After the first byte nothing is retried: a broken stream ends with an SSE error event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from aiohttp import web
+
+from kvroute.core.keys import prompt_block_hashes
+from kvroute.core.policy.base import Decision, RouteRequest
+from kvroute.router.errors import (
+    BadRequest,
+    KvrouteError,
+    ModelNotFound,
+    NoHealthyBackend,
+    PayloadTooLarge,
+)
+from kvroute.router.relay import relay
+from kvroute.router.request import parse_completion
+from kvroute.router.state import NOTE, STATE, RouterState
+from kvroute.router.upstream import AttemptFailed, open_upstream
+
+CHAT_PATH = "/v1/chat/completions"
+COMPLETIONS_PATH = "/v1/completions"
+
+
+def new_request_id() -> str:
+    return os.urandom(12).hex()
+
+
+async def handle_chat(request: web.Request) -> web.StreamResponse:
+    return await _handle(request, CHAT_PATH, chat=True)
+
+
+async def handle_completions(request: web.Request) -> web.StreamResponse:
+    return await _handle(request, COMPLETIONS_PATH, chat=False)
+
+
+async def _handle(request: web.Request, path: str, *, chat: bool) -> web.StreamResponse:
+    state = request.app[STATE]
+    if state.shutting_down:
+        raise NoHealthyBackend("router is shutting down")
+    admitted = state.gate.admit(request.headers.get("Authorization"))
+    state.num_in_flight += 1
+    try:
+        raw = await _read_body(request, state.config.limits.max_body_bytes)
+        t0 = state.clock()
+        route_req = _route_request(state, request, raw, chat=chat)
+        state.metrics.decision.observe(state.clock() - t0)
+        return await _forward(state, request, route_req, raw, path)
+    except asyncio.CancelledError:
+        state.metrics.client_disconnects.inc()  # aiohttp cancels a handler on disconnect
+        raise
+    finally:
+        state.num_in_flight -= 1
+        state.gate.release(admitted)
+
+
+async def _read_body(request: web.Request, limit: int) -> bytes:
+    length = request.content_length
+    if length is not None and length > limit:
+        raise PayloadTooLarge(f"request body of {length} bytes exceeds the {limit}-byte limit")
+    try:
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise PayloadTooLarge(f"request body exceeds the {limit}-byte limit") from None
+
+
+def _route_request(
+    state: RouterState, request: web.Request, raw: bytes, *, chat: bool
+) -> RouteRequest:
+    parsed = parse_completion(raw, chat=chat)
+    model = parsed.model
+    if model is None:
+        model = state.backends.only_model()
+        if model is None and len(state.backends.model_cards()) > 1:
+            raise BadRequest("'model' is required: this router serves several models")
+    elif not state.backends.model_is_known(model):
+        raise ModelNotFound(f"the model '{model}' does not exist on any backend")
+    rid = request.headers.get("x-request-id") or new_request_id()
+    request[NOTE].request_id = rid
+    hashes = prompt_block_hashes(parsed.prompt, state.fleet.block_size_for(model))
+    route_req = RouteRequest(
+        request_id=rid,
+        model=model,
+        block_hashes=hashes,
+        num_prompt_tokens=parsed.prompt.num_tokens_estimate,
+        max_tokens=parsed.max_tokens,
+    )
+    return route_req
+
+
+def _upstream_headers(state: RouterState, request: web.Request, url: str) -> dict[str, str]:
+    h = request.headers
+    headers = {
+        "Content-Type": "application/json",
+        "x-request-id": request[NOTE].request_id,
+        "Accept-Encoding": h.get("Accept-Encoding", "identity"),
+    }
+    rt = state.backends.get(url)
+    auth = rt.auth_header if rt is not None else None
+    if auth is None and not state.gate.require_key:
+        auth = h.get("Authorization")  # no router keys: the client's key is the backend's
+    if auth:
+        headers["Authorization"] = auth
+    accept = h.get("Accept")
+    if accept:
+        headers["Accept"] = accept
+    peer = request.remote
+    if peer:
+        xff = h.get("X-Forwarded-For") if state.config.trusted_proxies else None
+        headers["X-Forwarded-For"] = f"{xff}, {peer}" if xff else peer
+    return headers
+
+
+async def _forward(
+    state: RouterState, request: web.Request, req: RouteRequest, raw: bytes, path: str
+) -> web.StreamResponse:
+    """Try up to ``max_attempts`` backends until one produces a first byte."""
+    fleet, clock, limits = state.fleet, state.clock, state.config.limits
+    timeouts = state.config.timeouts
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeouts.total_s
+    tried: list[str] = []
+    last: AttemptFailed | None = None
+    for attempt in range(limits.max_attempts):
+        decision = fleet.route(req, clock(), exclude=tuple(tried))
+        if decision is None:
+            break
+        if attempt:
+            decision = _as_retry(decision)
+            await asyncio.sleep(limits.retry_backoff_s * attempt)
+        url = decision.backend
+        tried.append(url)
+        ticket = fleet.dispatch(decision, req, clock())
+        _count_prediction(state, decision, req)
+        ok = False
+        try:
+            first_byte_s = min(timeouts.first_byte_s, max(0.001, deadline - loop.time()))
+            headers = _upstream_headers(state, request, url)
+            try:
+                resp = await open_upstream(state.session, url + path, raw, headers, first_byte_s)
+            except AttemptFailed as exc:
+                last = exc
+                state.backends.record_failure(url, str(exc))
+                state.metrics.retries.labels(url, exc.cause).inc()
+                continue
+            state.backends.record_success(url)
+            note = request[NOTE]
+            note.backend, note.reason = url, decision.reason
+            ok, response = await relay(state, request, resp, ticket, decision, deadline)
+            return response
+        finally:
+            fleet.finish(ticket, clock(), ok)
+    raise _final_error(state, req, tried, last)
+
+
+def _as_retry(decision: Decision) -> Decision:
+    return Decision(
+        backend=decision.backend,
+        reason="retry",
+        predicted_cached_tokens=decision.predicted_cached_tokens,
+        ranked=decision.ranked,
+        ttft_estimate_s=decision.ttft_estimate_s,
+    )
+
+
+def _count_prediction(state: RouterState, decision: Decision, req: RouteRequest) -> None:
+    m = state.metrics
+    m.predicted_cached.labels(decision.backend).inc(decision.predicted_cached_tokens)
+    m.prompt_tokens.labels(decision.backend).inc(req.num_prompt_tokens)
+
+
+def _final_error(
+    state: RouterState, req: RouteRequest, tried: list[str], last: AttemptFailed | None
+) -> KvrouteError:
+    if last is None:
+        what = f"model '{req.model}'" if req.model else "this request"
+        return NoHealthyBackend(f"no healthy backend can serve {what}")
+    err = last.to_client_error()
+    err.message = f"{len(tried)} attempt(s) failed; last: {err.message}"
+    err.args = (err.message,)
+    return err

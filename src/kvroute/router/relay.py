@@ -1,0 +1,156 @@
+"""Relaying one upstream response to the client, after its headers arrived.
+
+Non-streaming: the body is read whole and answered with the backend's status.
+Streaming (``text/event-stream``): each chunk is written as it arrives, never buffered.
+One ``asyncio.timeout`` guards the loop: before a read its deadline is the idle gap (capped
+by the total deadline), before a write the total deadline. A backend failure after the
+first byte ends the stream with an SSE error event and ``[DONE]``, never a retry. A client
+that goes away closes the upstream response, so the engine aborts the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+import msgspec
+from aiohttp import web
+
+from kvroute.core.policy.base import Decision
+from kvroute.router.errors import BackendFailed, BackendTimeout
+from kvroute.router.state import NOTE, RouterState
+from kvroute.router.upstream import copy_response_headers
+
+_decode = msgspec.json.Decoder().decode
+_encode = msgspec.json.Encoder().encode
+
+
+def _headers(resp: aiohttp.ClientResponse, url: str, reason: str, rid: str) -> dict[str, str]:
+    headers = copy_response_headers(resp)
+    headers["x-kvroute-backend"] = url
+    headers["x-kvroute-decision"] = reason
+    headers["x-request-id"] = rid
+    return headers
+
+
+async def relay(
+    state: RouterState,
+    request: web.Request,
+    resp: aiohttp.ClientResponse,
+    ticket: Any,
+    decision: Decision,
+    deadline: float,
+) -> tuple[bool, web.StreamResponse]:
+    """(ok, the response sent or to send); closes ``resp`` whatever happens."""
+    try:
+        headers = _headers(resp, decision.backend, decision.reason, request[NOTE].request_id)
+        if resp.content_type == "text/event-stream":
+            return await _relay_stream(state, request, resp, ticket, headers, deadline)
+        return await _relay_whole(state, request, resp, ticket, headers, deadline)
+    finally:
+        resp.close()  # no-op for the pooled connection once the body was read to EOF
+
+
+async def _relay_whole(
+    state: RouterState,
+    request: web.Request,
+    resp: aiohttp.ClientResponse,
+    ticket: Any,
+    headers: dict[str, str],
+    deadline: float,
+) -> tuple[bool, web.StreamResponse]:
+    url = ticket.url
+    try:
+        async with asyncio.timeout_at(deadline):
+            body = await resp.read()
+    except TimeoutError:
+        state.backends.record_failure(url, "body read timed out")
+        raise BackendTimeout(f"{url}: response body not complete before the deadline") from None
+    except (aiohttp.ClientError, OSError) as exc:
+        state.backends.record_failure(url, str(exc))
+        raise BackendFailed(f"{url}: response body cut: {type(exc).__name__}") from None
+    now = state.clock()
+    state.fleet.on_first_token(ticket, now, _cached_tokens(body))
+    state.metrics.ttft.labels(url).observe(now - request[NOTE].t0)
+    return resp.status < 400, web.Response(body=body, status=resp.status, headers=headers)
+
+
+def _cached_tokens(body: bytes) -> int | None:
+    """``usage.prompt_tokens_details.cached_tokens`` when the engine reports it."""
+    if b'"cached_tokens"' not in body:
+        return None
+    try:
+        usage = _decode(body).get("usage") or {}
+        value = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+    except (msgspec.DecodeError, AttributeError):
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+async def _relay_stream(
+    state: RouterState,
+    request: web.Request,
+    resp: aiohttp.ClientResponse,
+    ticket: Any,
+    headers: dict[str, str],
+    deadline: float,
+) -> tuple[bool, web.StreamResponse]:
+    url = ticket.url
+    idle_s = state.config.timeouts.idle_s
+    loop = asyncio.get_running_loop()
+    out = web.StreamResponse(status=resp.status, headers=headers)
+    await out.prepare(request)
+    first = True
+    tail = b"\n\n"  # end of the last chunk written: is an SSE event open?
+    read = resp.content.readany
+    try:
+        async with asyncio.timeout(None) as guard:
+            while True:
+                guard.reschedule(min(deadline, loop.time() + idle_s))
+                chunk = await read()
+                if not chunk:
+                    break
+                if first:
+                    first = False
+                    now = state.clock()
+                    state.fleet.on_first_token(ticket, now)
+                    state.metrics.ttft.labels(url).observe(now - request[NOTE].t0)
+                guard.reschedule(deadline)
+                try:
+                    await out.write(chunk)
+                except ConnectionError:
+                    raise ClientGone from None
+                tail = chunk[-2:]
+    except ClientGone:
+        state.metrics.client_disconnects.inc()
+        return False, out  # resp.close() in relay() cancels the upstream request
+    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        state.backends.record_failure(url, f"mid-stream: {type(exc).__name__}")
+        state.metrics.midstream_failures.labels(url).inc()
+        await _write_sse_error(out, exc, tail)
+        return False, out
+    await out.write_eof()
+    return resp.status < 400, out
+
+
+class ClientGone(Exception):
+    """Writing to the client failed: it disconnected (not a backend failure)."""
+
+
+def error_note(exc: BaseException) -> dict[str, Any]:
+    """The OpenAI error object of the SSE error event sent after the first byte."""
+    if isinstance(exc, TimeoutError):
+        return {"message": "backend stalled mid-stream", "type": "api_error", "code": 504}
+    msg = f"backend failed mid-stream: {type(exc).__name__}"
+    return {"message": msg, "type": "api_error", "code": 502}
+
+
+async def _write_sse_error(out: web.StreamResponse, exc: BaseException, tail: bytes) -> None:
+    sep = b"" if tail.endswith(b"\n\n") else b"\n\n"
+    event = sep + b"data: " + _encode({"error": error_note(exc)}) + b"\n\ndata: [DONE]\n\n"
+    try:
+        await out.write(event)
+        await out.write_eof()
+    except (ConnectionError, aiohttp.ClientConnectionError):
+        pass  # the client left too; nothing more to tell it

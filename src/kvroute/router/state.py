@@ -1,0 +1,56 @@
+"""The router app's shared state, stored under one typed ``web.AppKey``."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from kvroute.router.backends import Backends
+from kvroute.router.clients import ClientGate
+from kvroute.router.config import RouterConfig
+from kvroute.router.metrics import RouterMetrics
+
+
+@dataclass(slots=True)
+class RouterState:
+    """Everything a handler needs; built by ``make_app``, filled by its cleanup context."""
+
+    config: RouterConfig
+    clock: Callable[[], float]  # monotonic seconds; the Fleet, breakers and limits use it
+    fleet: Any  # kvroute.core.fleet.Fleet
+    backends: Backends
+    gate: ClientGate
+    metrics: RouterMetrics
+    session: aiohttp.ClientSession | None = None  # upstream pool; set at startup
+    shutting_down: bool = False  # /health answers 503 and new requests get 503
+    num_in_flight: int = 0  # proxied requests being handled now
+    # background tasks of this app (health, scraper, probes of added backends)
+    tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+
+    def spawn(self, coro: Any) -> asyncio.Task[Any]:
+        """Run ``coro`` in the background, tracked so shutdown can cancel it."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+
+STATE: web.AppKey[RouterState] = web.AppKey("kvroute_state", RouterState)
+
+
+@dataclass(slots=True)
+class RequestNote:
+    """Per-request facts shared by the middleware and the handlers."""
+
+    t0: float  # arrival, clock seconds
+    request_id: str = ""  # x-request-id (the client's, or generated)
+    backend: str = ""  # backend that answered ("" when none did)
+    reason: str = ""  # x-kvroute-decision of that answer
+
+
+NOTE: web.RequestKey[RequestNote] = web.RequestKey("kvroute_note", RequestNote)
