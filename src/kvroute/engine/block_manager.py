@@ -136,12 +136,15 @@ class BlockManager:
     def append_slots(self, req: Request, num_new_tokens: int) -> bool:
         """Grow a running request's table for ``num_new_tokens`` more tokens; False if full."""
         total = req.num_computed_tokens + num_new_tokens
-        num_needed = -(-total // self.block_size) - len(req.block_table)
+        bs = self.block_size
+        if total <= len(req.block_table) * bs and total < (req.num_cached_blocks + 1) * bs:
+            return True  # fast path (most decodes): room in the last block, nothing fills
+        num_needed = -(-total // bs) - len(req.block_table)
         if num_needed > len(self._free):
             return False
         for _ in range(num_needed):
             req.block_table.append(self._new_block())
-        if total >= (req.num_cached_blocks + 1) * self.block_size:
+        if total >= (req.num_cached_blocks + 1) * bs:
             self._cache_full_blocks(req, total)
         return True
 

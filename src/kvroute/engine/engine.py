@@ -18,7 +18,7 @@ from kvroute.core.tokenizer import default_tokenizer
 from kvroute.engine.block_manager import BlockManager, extra_keys_seed
 from kvroute.engine.kv_events import KvEvent
 from kvroute.engine.profiles import EngineProfile
-from kvroute.engine.request import Request, RequestStatus
+from kvroute.engine.request import Request
 from kvroute.engine.scheduler import Scheduler
 from kvroute.engine.step_time import StepTimeModel
 
@@ -99,6 +99,7 @@ class Engine:
         self.step_time = StepTimeModel(profile, jitter=jitter, rng=rng)
         self._next_token = next_token if next_token is not None else default_next_token()
         self._requests: dict[str, Request] = {}  # unfinished requests by id
+        self._max_model_len = profile.max_model_len
 
     def add_request(
         self,
@@ -159,28 +160,33 @@ class Engine:
             return _IDLE
         duration_s = self.step_time.duration_s(out.work)
         outputs: list[TokenOutput] = []
+        sample = self._sample
         any_finished = False
         for req, num_new in out.scheduled:
-            req.num_computed_tokens += num_new
-            if req.num_computed_tokens < req.num_tokens:
-                continue  # a prefill chunk that does not finish the prompt
-            outputs.append(self._sample(req))
-            any_finished = any_finished or req.status == RequestStatus.FINISHED_LENGTH
+            computed = req.num_computed_tokens + num_new
+            req.num_computed_tokens = computed
+            if computed >= len(req.token_ids):  # else a chunk that does not end the prompt
+                token = sample(req)
+                outputs.append(token)
+                if token.finish_reason is not None:
+                    any_finished = True
         if any_finished:
             self.scheduler.drop_finished()
         return StepResult(duration_s, outputs, out.work.num_prefill_tokens, out.num_decode_seqs)
 
     def _sample(self, req: Request) -> TokenOutput:
-        index = req.num_output_tokens
+        """Append the next output token; finish the request at its length."""
+        token_ids = req.token_ids
+        index = len(token_ids) - req.num_prompt_tokens
         token_id = self._next_token(req.request_id, index)
-        req.token_ids.append(token_id)
+        token_ids.append(token_id)
         finish_reason = None
-        if index + 1 >= req.max_tokens or req.num_tokens >= self.profile.max_model_len:
+        if index + 1 >= req.max_tokens or len(token_ids) >= self._max_model_len:
             finish_reason = "length"
             self.scheduler.finish(req)
             del self._requests[req.request_id]
-        cached = req.num_cached_tokens if req.num_cached_tokens is not None else 0
-        return TokenOutput(req.request_id, token_id, index == 0, finish_reason, cached)
+        cached = req.num_cached_tokens
+        return TokenOutput(req.request_id, token_id, index == 0, finish_reason, cached or 0)
 
     def drain_kv_events(self) -> list[KvEvent]:
         """KV events since the last drain (empty unless enable_kv_events)."""

@@ -88,11 +88,15 @@ class Scheduler:
         """Give running requests their tokens; returns the budget left and whether any
         request was preempted."""
         preempted = False
+        running = self.running
+        append_slots = self.block_manager.append_slots
         i = 0
-        while i < len(self.running) and budget > 0:
-            req = self.running[i]
-            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
-            while not self.block_manager.append_slots(req, num_new):
+        while i < len(running) and budget > 0:
+            req = running[i]
+            num_new = len(req.token_ids) - req.num_computed_tokens
+            if num_new > budget:
+                num_new = budget
+            while not append_slots(req, num_new):
                 preempted = True
                 if self._preempt_newest() is req:
                     return budget, preempted
@@ -145,7 +149,8 @@ class Scheduler:
         num_decode = 0
         for req, n in scheduled:
             m = req.num_computed_tokens
-            if n == 1 and m == req.num_tokens - 1 and req.num_tokens > req.num_prompt_tokens:
+            num_tokens = len(req.token_ids)
+            if n == 1 and m == num_tokens - 1 and num_tokens > req.num_prompt_tokens:
                 num_decode += 1
                 ctx += m + 1
             else:
