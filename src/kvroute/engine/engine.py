@@ -154,7 +154,11 @@ class Engine:
         return bool(self._requests)
 
     def step(self, now: float) -> StepResult:
-        """Run one batch: schedule, cost it, and produce its tokens."""
+        """Run one batch: schedule, cost it, and produce its tokens.
+
+        ``now`` is the caller's clock (real or virtual); the model's state does not depend
+        on it, so the same calls give the same results in the HTTP simulator and the DES.
+        """
         out = self.scheduler.schedule()
         if not out.scheduled:
             return _IDLE

@@ -75,11 +75,6 @@ class Request:
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
 
-    @property
-    def is_prefill_done(self) -> bool:
-        """True once the prompt (and any recomputed output) is fully in the KV."""
-        return self.num_computed_tokens >= self.num_tokens - 1 and self.num_output_tokens > 0
-
     def __repr__(self) -> str:
         return (
             f"Request({self.request_id!r}, {self.status.value}, computed="
