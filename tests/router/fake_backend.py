@@ -110,14 +110,12 @@ class FakeBackend:
     def __init__(self, name: str, model: str = "m1") -> None:
         self.state = FakeState(name=name, model=model)
         self.server = TestServer(make_fake_app(self.state), host="127.0.0.1")
+        self.url = ""  # set by start()
 
     async def start(self) -> FakeBackend:
         await self.server.start_server()
+        self.url = str(self.server.make_url("")).rstrip("/")
         return self
-
-    @property
-    def url(self) -> str:
-        return str(self.server.make_url("")).rstrip("/")
 
     async def close(self) -> None:
         await self.server.close()

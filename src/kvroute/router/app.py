@@ -41,6 +41,10 @@ _HTTP_ERRORS = {
 }
 
 
+# probes and scrapes are not API requests
+_UNCOUNTED_PATHS = frozenset({"/health", "/metrics", "/"})
+
+
 def build_fleet(policy: str) -> Any:
     """The core Fleet with the named policy (ValueError lists the known names)."""
     from kvroute.core.fleet import Fleet
@@ -175,7 +179,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         log.exception("unhandled error on %s %s", request.method, request.path)
         return _error_response(500, "internal router error", "internal_error", "internal_error")
     finally:
-        if request.path.startswith("/v1/"):
+        if request.path not in _UNCOUNTED_PATHS:
             state.metrics.requests.labels(str(status), note.backend, note.reason).inc()
             if note.backend:
                 state.metrics.e2e.labels(note.backend).observe(state.clock() - note.t0)

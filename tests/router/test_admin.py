@@ -1,0 +1,166 @@
+"""Admin API behind its key, drain, graceful shutdown, /health, /metrics and the status page."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+
+from tests.router.conftest import Harness
+
+ADMIN = "admin-key-123"
+BODY = b'{"model": "m1", "prompt": "x"}'
+
+
+def _admin() -> dict[str, str]:
+    return {"Authorization": f"Bearer {ADMIN}"}
+
+
+async def test_admin_requires_its_key(harness: Harness) -> None:
+    b = await harness.backend("a")
+    client = await harness.router([b.url], admin_key=ADMIN)
+    assert (await client.get("/admin/backends")).status == 401
+    bad = {"Authorization": "Bearer wrong-key-000"}
+    assert (await client.get("/admin/backends", headers=bad)).status == 401
+    resp = await client.get("/admin/backends", headers=_admin())
+    assert resp.status == 200
+    rows = (await resp.json())["backends"]
+    assert [r["url"] for r in rows] == [b.url]
+    assert rows[0]["kvroute_backend_healthy"] == 1
+
+
+async def test_admin_disabled_without_key(harness: Harness) -> None:
+    b = await harness.backend("a")
+    client = await harness.router([b.url])
+    resp = await client.get("/admin/backends", headers=_admin())
+    assert resp.status == 403
+
+
+async def test_admin_add_and_remove_backend(harness: Harness) -> None:
+    a = await harness.backend("a")
+    b = await harness.backend("b")
+    client = await harness.router([a.url], admin_key=ADMIN)
+    resp = await client.post("/admin/backends", json={"url": b.url}, headers=_admin())
+    assert resp.status == 201
+    assert (await resp.json())["healthy"] is True
+    seen = set()
+    for _ in range(4):
+        seen.add((await client.post("/v1/completions", data=BODY)).headers["x-kvroute-backend"])
+    assert seen == {a.url, b.url}
+    dup = await client.post("/admin/backends", json={"url": b.url}, headers=_admin())
+    assert dup.status == 400
+    bad = await client.post("/admin/backends", json={"url": "ftp://x"}, headers=_admin())
+    assert bad.status == 400
+    resp = await client.delete("/admin/backends", json={"url": a.url}, headers=_admin())
+    assert resp.status == 200
+    for _ in range(3):
+        resp = await client.post("/v1/completions", data=BODY)
+        assert resp.headers["x-kvroute-backend"] == b.url
+    gone = await client.delete("/admin/backends", json={"url": a.url}, headers=_admin())
+    assert gone.status == 404
+
+
+async def test_drain_stops_new_requests_and_lets_in_flight_finish(harness: Harness) -> None:
+    a = await harness.backend("a")
+    b = await harness.backend("b")
+    a.state.stall_s = b.state.stall_s = 0.2
+    client = await harness.router([a.url, b.url], admin_key=ADMIN)
+    in_flight = asyncio.ensure_future(client.post("/v1/completions", data=BODY))
+    await asyncio.sleep(0.05)
+    busy, other = (a, b) if a.state.num_active else (b, a)
+    a.state.stall_s = b.state.stall_s = 0.0
+    resp = await client.post("/admin/backends/drain", json={"url": busy.url}, headers=_admin())
+    assert resp.status == 200
+    assert (await resp.json())["in_flight"] == 1
+    for _ in range(4):
+        r = await client.post("/v1/completions", data=BODY)
+        assert r.headers["x-kvroute-backend"] == other.url
+    first = await in_flight
+    assert first.status == 200
+    assert first.headers["x-kvroute-backend"] == busy.url
+    undrain = {"url": busy.url, "draining": False}
+    await client.post("/admin/backends/drain", json=undrain, headers=_admin())
+    seen = set()
+    for _ in range(4):
+        seen.add((await client.post("/v1/completions", data=BODY)).headers["x-kvroute-backend"])
+    assert busy.url in seen
+
+
+async def test_graceful_shutdown_finishes_in_flight_requests(harness: Harness) -> None:
+    from aiohttp import web
+
+    from kvroute.router.app import make_app
+    from tests.router.conftest import assert_no_load, test_config
+
+    b = await harness.backend("a")
+    b.state.stall_s = 0.3
+    app = make_app(test_config([b.url]))
+    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=5.0)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    async with aiohttp.ClientSession() as s:
+        pending = asyncio.ensure_future(s.post(f"http://{host}:{port}/v1/completions", data=BODY))
+        await asyncio.sleep(0.1)
+        await runner.cleanup()  # stop listening, wait for in-flight requests, then close
+        resp = await pending
+        assert resp.status == 200
+        await resp.read()
+    from kvroute.router.state import STATE
+
+    assert_no_load(app[STATE])
+
+
+async def test_health_metrics_and_status_page(harness: Harness) -> None:
+    b = await harness.backend("a")
+    client = await harness.router([b.url])
+    health = await client.get("/health")
+    assert health.status == 200
+    assert (await health.json())["healthy_backends"] == 1
+    await client.post("/v1/completions", data=BODY)
+    await client.post("/v1/completions", data=b'{"model": "m1", "prompt": "x", "stream": true}')
+    text = await (await client.get("/metrics")).text()
+    for name in (
+        "kvroute_requests_total",
+        "kvroute_ttft_seconds_bucket",
+        "kvroute_e2e_seconds_bucket",
+        "kvroute_decision_seconds_bucket",
+        "kvroute_backend_in_flight_requests",
+        "kvroute_backend_circuit_state",
+        "kvroute_backend_predicted_hit_rate",
+        "kvroute_index_blocks",
+    ):
+        assert name in text, name
+    assert (
+        f'kvroute_requests_total{{backend="{b.url}",reason="round_robin",status="200"}} 2.0' in text
+    )
+    page = await client.get("/")
+    assert page.status == 200
+    html = await page.text()
+    assert 'http-equiv="refresh"' in html
+    assert b.url in html and "healthy" in html
+
+
+async def test_unhealthy_backend_detected_by_probe(harness: Harness) -> None:
+    from kvroute.router.health import probe_all
+
+    a = await harness.backend("a")
+    b = await harness.backend("b")
+    client = await harness.router([a.url, b.url])
+    state = harness.state(client)
+    b.state.health_status = 503
+    for _ in range(state.config.health.unhealthy_after):
+        await probe_all(state)
+    assert state.backends.num_routable == 1
+    for _ in range(3):
+        r = await client.post("/v1/completions", data=BODY)
+        assert r.headers["x-kvroute-backend"] == a.url
+    models = await (await client.get("/v1/models")).json()
+    assert [m["id"] for m in models["data"]] == ["m1"]
+    a.state.health_status = 503
+    for _ in range(state.config.health.unhealthy_after):
+        await probe_all(state)
+    assert (await client.get("/health")).status == 503
+    r = await client.post("/v1/completions", data=BODY)
+    assert r.status == 503  # model known, but no healthy backend: 503, not 404
