@@ -491,6 +491,13 @@ class _View:
     def rng(self) -> Random:
         return self._fleet.rng
 
+    @property
+    def excluded(self) -> frozenset[str]:
+        return self._exclude
+
+    def is_eligible(self, url: str) -> bool:
+        return self._ok(url)
+
     def _ok(self, url: str) -> bool:
         b = self._fleet._backends.get(url)
         return (
@@ -529,23 +536,24 @@ class _View:
 
     def match(self, block_hashes: Sequence[int], max_holders: int) -> list[tuple[str, int]]:
         out: list[tuple[str, int]] = []
-        for depth, members in self._fleet.index.levels(block_hashes):
+        for depth, mask in self._fleet.index.levels(block_hashes):
             need = max_holders - len(out)
             if need <= 0:
                 break
-            out.extend((u, depth) for u in self._least_loaded_of(members, need))
+            out.extend((u, depth) for u in self._least_loaded_of(mask, need))
         return out
 
-    def _least_loaded_of(self, members: set[str], need: int) -> list[str]:
-        """The ``need`` least-loaded eligible members; scans the load order for big sets."""
-        order = self._fleet._order
-        if len(members) <= 4 * need + 16:
-            ok = [u for u in members if self._ok(u)]
-            ok.sort(key=order.key_of)
+    def _least_loaded_of(self, mask: int, need: int) -> list[str]:
+        """The ``need`` least-loaded eligible holders in ``mask``; big sets scan the order."""
+        fleet = self._fleet
+        if mask.bit_count() <= 4 * need + 16:
+            ok = [u for u in fleet.index.urls_of(mask) if self._ok(u)]
+            ok.sort(key=fleet._order.key_of)
             return ok[:need]
         out = []
-        for url in order.urls(self._model):
-            if url in members and url not in self._exclude:
+        has_bit = fleet.index.has_bit
+        for url in fleet._order.urls(self._model):
+            if has_bit(mask, url) and url not in self._exclude:
                 out.append(url)
                 if len(out) >= need:
                     break

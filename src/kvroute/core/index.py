@@ -3,25 +3,34 @@
 Each backend has a ``CacheModel``: what the router believes is in that engine's prefix
 cache, in engine blocks. Today that is ``LruCacheModel`` (approximate mode: fed by the
 router's own dispatches). Exact mode will plug in a model fed by the engine's KV events
-through the same ``apply`` path (blocks added, blocks removed).
+(blocks stored, removed, all cleared) and mirror its changes through ``PrefixIndex.apply``.
 
 Blocks are chained keys (core/keys.py): a key determines its whole prefix. Every model
 keeps its holdings contiguous (a block is held only if its parent is), so the holders of
 block i+1 are a subset of the holders of block i. ``levels`` uses that nesting to find
-every holder's match depth with O(distinct depths x log(prompt blocks)) lookups instead
-of a walk over the fleet or over every block.
+every holder's match depth with O(distinct depths x log(prompt blocks)) lookups, not a
+walk over the fleet.
+
+Holder sets are bitmasks over backend slots (an int per block): a one-holder entry costs
+a dict slot and a small int instead of a Python set, which is what lets the global cap
+be large.
 """
 
 from __future__ import annotations
 
 import abc
 import heapq
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Sequence
+from itertools import repeat
 
 
 class CacheModel(abc.ABC):
-    """One backend's prefix cache as the router models it (blocks, not tokens)."""
+    """One backend's prefix cache as the router models it (blocks, not tokens).
+
+    Contract: holdings are contiguous along each chain; ``insert`` returns exactly the
+    blocks that became held and those that stopped being held, so the index can mirror it.
+    """
 
     capacity_blocks: int
 
@@ -36,8 +45,13 @@ class CacheModel(abc.ABC):
         """Every held block, in eviction order (next to evict first)."""
 
     @abc.abstractmethod
-    def insert(self, block_hashes: Sequence[int], seq: int) -> tuple[list[int], list[int]]:
-        """Touch a request's prefix; returns (positions newly held, blocks evicted)."""
+    def insert(
+        self, block_hashes: Sequence[int], num_held: int, seq: int
+    ) -> tuple[Sequence[int], list[int]]:
+        """Touch a request's prefix, of which the first ``num_held`` blocks are already held.
+
+        Returns (blocks newly held, blocks evicted).
+        """
 
     @abc.abstractmethod
     def set_capacity(self, capacity_blocks: int) -> list[int]:
@@ -45,7 +59,7 @@ class CacheModel(abc.ABC):
 
     @abc.abstractmethod
     def oldest_seq(self) -> int | None:
-        """Touch sequence number of the next block to evict (None when empty)."""
+        """Sequence number of the next block to evict (None when empty); orders the cap."""
 
     @abc.abstractmethod
     def evict_oldest(self) -> int | None:
@@ -58,9 +72,15 @@ class LruCacheModel(CacheModel):
     Order invariant: the OrderedDict is in eviction order (front first). A request's
     blocks are touched tail first, so its tail sits ahead of its head and is evicted
     first among blocks of equal recency, as the engine frees a request's blocks in
-    reverse. A parent is always touched in the same insert as its children and after
-    them, so it never precedes a child in the order: eviction from the front keeps the
-    holdings contiguous without any extra bookkeeping.
+    reverse. A parent is touched in the same insert as its children and after them, so
+    it never precedes a child in the order: eviction from the front keeps the holdings
+    contiguous. Re-touching held blocks runs in C (``move_to_end`` via ``map``).
+
+    Each block's value is the touch sequence number of the insert that added it (its
+    birth), not of its last touch: rewriting 2,000 values per request would triple the
+    cost of an insert. Only the global cap reads it, through ``oldest_seq`` of each
+    model's front block, so the cap evicts by birth among the fronts (the LRU block of
+    each model), an approximation of a global LRU; within a model the order is exact.
     """
 
     def __init__(self, capacity_blocks: int) -> None:
@@ -78,20 +98,17 @@ class LruCacheModel(CacheModel):
     def blocks(self) -> Iterator[int]:
         return iter(self._lru)
 
-    def insert(self, block_hashes: Sequence[int], seq: int) -> tuple[list[int], list[int]]:
+    def insert(
+        self, block_hashes: Sequence[int], num_held: int, seq: int
+    ) -> tuple[Sequence[int], list[int]]:
         lru = self._lru
-        move = lru.move_to_end
-        added: list[int] = []
-        # A prompt longer than the cache keeps only its head, as the engine would.
-        for i in range(min(len(block_hashes), self.capacity_blocks) - 1, -1, -1):
-            h = block_hashes[i]
-            if h in lru:
-                lru[h] = seq
-                move(h)
-            else:
-                lru[h] = seq
-                added.append(i)
-        return added, self._evict_to(self.capacity_blocks)
+        n = min(len(block_hashes), self.capacity_blocks)  # a too-long prompt keeps its head
+        held = block_hashes[: min(num_held, n)]
+        new = block_hashes[len(held) : n]
+        for h in reversed(new):  # appended tail first
+            lru[h] = seq
+        deque(map(lru.move_to_end, reversed(held)), maxlen=0)  # to the back, tail first
+        return new, self._evict_to(self.capacity_blocks)
 
     def set_capacity(self, capacity_blocks: int) -> list[int]:
         if capacity_blocks < 1:
@@ -118,32 +135,40 @@ class LruCacheModel(CacheModel):
 
 
 class PrefixIndex:
-    """Global ``hash_to_holders`` over per-backend cache models, with a hard entry cap.
+    """Global ``hash_to_holders`` (block -> bitmask of backend slots) over per-backend models.
 
     Invariants (``check_invariants``):
-    - a hash lists backend r as a holder exactly when r's cache model holds it; no hash
-      maps to an empty set; ``hash_to_parent`` has exactly the keys of ``hash_to_holders``;
-    - each backend's holdings are contiguous: a held block's parent is held by it too;
-    - the total of all models' sizes equals ``num_entries`` and never exceeds
-      ``max_entries`` (enforced on insert by evicting the globally least recently used).
+    - a hash lists backend r as a holder exactly when r's cache model holds it, and no
+      hash maps to an empty set;
+    - the sum of the models' sizes equals ``num_entries`` and never exceeds
+      ``max_entries``: the cap is enforced on every insert by evicting the globally least
+      recently touched blocks (each model's front, compared by touch sequence);
+    - a removed backend leaves no bit behind, and its slot is reused only after that.
     """
 
     def __init__(self, max_entries: int) -> None:
         if max_entries < 1:
             raise ValueError(f"max_entries must be >= 1, got {max_entries}")
         self.max_entries = max_entries
-        self.hash_to_holders: dict[int, set[str]] = {}
-        self.hash_to_parent: dict[int, int | None] = {}  # chain parent (None: first block)
+        self.hash_to_holders: dict[int, int] = {}  # block hash -> bitmask of slots
         self.url_to_model: dict[str, CacheModel] = {}
+        self.url_to_slot: dict[str, int] = {}
+        self.slot_to_url: dict[int, str] = {}
+        self._free_slots: list[int] = []  # heap: lowest free slot first (small masks)
         self.num_entries = 0
         self._seq = 0  # global touch counter (recency across backends)
+
+    # -- membership --------------------------------------------------------------------
 
     def add_backend(self, url: str, model: CacheModel) -> None:
         if url in self.url_to_model:
             raise ValueError(f"backend already indexed: {url}")
         if len(model):
             raise ValueError("add_backend takes an empty cache model")
+        slot = heapq.heappop(self._free_slots) if self._free_slots else len(self.url_to_slot)
         self.url_to_model[url] = model
+        self.url_to_slot[url] = slot
+        self.slot_to_url[slot] = url
 
     def remove_backend(self, url: str) -> None:
         """Drop every entry of ``url`` at once (unknown URL: no-op)."""
@@ -151,60 +176,75 @@ class PrefixIndex:
         if model is None:
             return
         self.num_entries -= len(model)
-        self._drop(url, list(model.blocks()))
+        self._drop(self.url_to_slot[url], list(model.blocks()))
+        slot = self.url_to_slot.pop(url)
+        del self.slot_to_url[slot]
+        heapq.heappush(self._free_slots, slot)
 
     def set_capacity(self, url: str, capacity_blocks: int) -> None:
         model = self.url_to_model[url]
         if model.capacity_blocks != capacity_blocks:
             evicted = model.set_capacity(capacity_blocks)
             self.num_entries -= len(evicted)
-            self._drop(url, evicted)
+            self._drop(self.url_to_slot[url], evicted)
+
+    # -- updates -----------------------------------------------------------------------
 
     def insert(self, url: str, block_hashes: Sequence[int]) -> None:
         """Record that ``url`` now caches the prefix ``block_hashes`` (approximate mode)."""
         if not block_hashes:
             return
         self._seq += 1
-        added, evicted = self.url_to_model[url].insert(block_hashes, self._seq)
-        self.apply(url, [block_hashes[i] for i in added], evicted, block_hashes, added)
+        num_held = self.matched_blocks(url, block_hashes)
+        # Blocks past the fleet-wide matched prefix are in no model: set them in C.
+        num_known = self._num_known(block_hashes, num_held)
+        added, evicted = self.url_to_model[url].insert(block_hashes, num_held, self._seq)
+        split = max(0, min(len(added), num_known - num_held))
+        self.apply(url, added[:split], evicted, fresh=added[split:])
+
+    def _num_known(self, block_hashes: Sequence[int], lo: int) -> int:
+        """Leading blocks of the chain held by any backend (>= lo); holdings nest."""
+        h2h = self.hash_to_holders
+        hi = len(block_hashes)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if block_hashes[mid] in h2h:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
 
     def apply(
-        self,
-        url: str,
-        added: Sequence[int],
-        removed: Sequence[int],
-        chain: Sequence[int] = (),
-        positions: Sequence[int] = (),
+        self, url: str, added: Sequence[int], removed: Sequence[int], fresh: Sequence[int] = ()
     ) -> None:
-        """Mirror a model change into the holders map; ``positions`` index ``chain``."""
+        """Mirror a change of ``url``'s model: blocks now held (``fresh``: held by no one
+        before, a fast path), blocks no longer held."""
+        bit = 1 << self.url_to_slot[url]
         h2h = self.hash_to_holders
-        h2p = self.hash_to_parent
-        for h, i in zip(added, positions, strict=True):
-            holders = h2h.get(h)
-            if holders is None:
-                h2h[h] = {url}
-                h2p[h] = chain[i - 1] if i else None
-            else:
-                holders.add(url)
-        self.num_entries += len(added) - len(removed)
-        self._drop(url, removed)
+        get = h2h.get
+        for h in added:
+            h2h[h] = get(h, 0) | bit
+        h2h.update(zip(fresh, repeat(bit)))
+        self.num_entries += len(added) + len(fresh) - len(removed)
+        self._drop(self.url_to_slot[url], removed)
         self._enforce_cap()
 
-    def _drop(self, url: str, hashes: Sequence[int]) -> None:
+    def _drop(self, slot: int, hashes: Sequence[int]) -> None:
+        keep = ~(1 << slot)
         h2h = self.hash_to_holders
         for h in hashes:
-            holders = h2h[h]
-            holders.discard(url)
-            if not holders:
+            mask = h2h[h] & keep
+            if mask:
+                h2h[h] = mask
+            else:
                 del h2h[h]
-                del self.hash_to_parent[h]
 
     def _enforce_cap(self) -> None:
-        """Evict globally least-recently-used blocks until under the cap (batch of 1/64)."""
+        """Evict globally least recently touched blocks to 1/64 under the cap (amortized)."""
         if self.num_entries <= self.max_entries:
             return
-        target = self.max_entries - max(1, self.max_entries // 64)
-        heap = [(m.oldest_seq(), u) for u, m in self.url_to_model.items() if len(m)]
+        target = self.max_entries - self.max_entries // 64
+        heap = [(m.oldest_seq() or 0, u) for u, m in self.url_to_model.items() if len(m)]
         heapq.heapify(heap)
         while self.num_entries > target and heap:
             _, url = heapq.heappop(heap)
@@ -212,17 +252,34 @@ class PrefixIndex:
             h = model.evict_oldest()
             assert h is not None, "index: heap entry of an empty model"
             self.num_entries -= 1
-            self._drop(url, (h,))
+            self._drop(self.url_to_slot[url], (h,))
             seq = model.oldest_seq()
             if seq is not None:
                 heapq.heappush(heap, (seq, url))
+
+    # -- queries -----------------------------------------------------------------------
+
+    def holders(self, block_hash: int) -> set[str]:
+        return set(self.urls_of(self.hash_to_holders.get(block_hash, 0)))
+
+    def urls_of(self, mask: int) -> Iterator[str]:
+        """The backends whose bits are set in ``mask``."""
+        slot_to_url = self.slot_to_url
+        while mask:
+            low = mask & -mask
+            yield slot_to_url[low.bit_length() - 1]
+            mask ^= low
+
+    def has_bit(self, mask: int, url: str) -> bool:
+        slot = self.url_to_slot.get(url)
+        return slot is not None and bool((mask >> slot) & 1)
 
     def matched_blocks(self, url: str, block_hashes: Sequence[int]) -> int:
         """Leading blocks of ``block_hashes`` held by ``url`` (binary search on contiguity)."""
         model = self.url_to_model.get(url)
         if model is None or not block_hashes or not model.holds(block_hashes[0]):
             return 0
-        lo, hi = 1, len(block_hashes)  # held(lo - 1) is true; answer in [lo, hi]
+        lo, hi = 1, len(block_hashes)  # held(lo - 1) is true; the answer is in [lo, hi]
         while lo < hi:
             mid = (lo + hi) // 2
             if model.holds(block_hashes[mid]):
@@ -231,13 +288,13 @@ class PrefixIndex:
                 hi = mid
         return lo
 
-    def levels(self, block_hashes: Sequence[int]) -> Iterator[tuple[int, set[str]]]:
-        """(depth, holders whose match is exactly depth blocks), deepest first, depth > 0."""
+    def levels(self, block_hashes: Sequence[int]) -> Iterator[tuple[int, int]]:
+        """(depth, mask of holders whose match is exactly depth blocks), deepest first."""
         h2h = self.hash_to_holders
         n = len(block_hashes)
 
         def size(i: int) -> int:
-            return len(h2h.get(block_hashes[i], ()))
+            return h2h.get(block_hashes[i], 0).bit_count()
 
         if n == 0 or size(0) == 0:
             return
@@ -249,34 +306,13 @@ class PrefixIndex:
             else:
                 hi = mid
         deepest = lo
-        drops: list[int] = []  # positions i where size(i) < size(i - 1), ascending
-        self._find_drops(size, 0, deepest - 1, size(0), size(deepest - 1), drops)
+        drops = _find_drops(size, deepest - 1)
         previous = h2h[block_hashes[deepest - 1]]
         yield deepest, previous
         for i in reversed(drops):
             current = h2h[block_hashes[i - 1]]
-            yield i, current - previous
+            yield i, current & ~previous
             previous = current
-
-    @staticmethod
-    def _find_drops(
-        size: Callable[[int], int], lo: int, hi: int, s_lo: int, s_hi: int, out: list[int]
-    ) -> None:
-        """Positions in (lo, hi] where the (non-increasing) size drops; bisection."""
-        stack = [(lo, hi, s_lo, s_hi)]
-        found: list[int] = []
-        while stack:
-            a, b, sa, sb = stack.pop()
-            if sa == sb or b <= a:
-                continue
-            if b - a == 1:
-                found.append(b)
-                continue
-            m = (a + b) // 2
-            sm = size(m)
-            stack.append((a, m, sa, sm))
-            stack.append((m, b, sm, sb))
-        out.extend(sorted(found))
 
     def num_blocks(self, url: str) -> int:
         model = self.url_to_model.get(url)
@@ -284,17 +320,37 @@ class PrefixIndex:
 
     def check_invariants(self) -> None:
         total = 0
+        h2h = self.hash_to_holders
         for url, model in self.url_to_model.items():
             total += len(model)
+            slot = self.url_to_slot[url]
+            assert self.slot_to_url[slot] == url, "index: slot table"
             assert len(model) <= model.capacity_blocks, f"index: {url} over its capacity"
             for h in model.blocks():
-                assert url in self.hash_to_holders.get(h, ()), f"index: {url} missing as holder"
-                parent = self.hash_to_parent[h]
-                assert parent is None or model.holds(parent), f"index: {url} not contiguous"
+                assert (h2h.get(h, 0) >> slot) & 1, f"index: {url} holds {h} but is not listed"
         assert total == self.num_entries, "index: num_entries != sum of model sizes"
         assert self.num_entries <= self.max_entries, "index: over max_entries"
-        assert self.hash_to_parent.keys() == self.hash_to_holders.keys(), "index: parent keys"
-        for h, holders in self.hash_to_holders.items():
-            assert holders, "index: empty holder set"
-            for url in holders:
-                assert self.url_to_model[url].holds(h), "index: holder without the block"
+        assert len(self.slot_to_url) == len(self.url_to_model), "index: slot count"
+        for h, mask in h2h.items():
+            assert mask, "index: empty holder set"
+            for url in self.urls_of(mask):
+                assert self.url_to_model[url].holds(h), f"index: {url} listed without {h}"
+
+
+def _find_drops(size: Callable[[int], int], last: int) -> list[int]:
+    """Positions i in (0, last] where the non-increasing ``size`` drops, ascending; bisection."""
+    found: list[int] = []
+    stack = [(0, last, size(0), size(last))]
+    while stack:
+        a, b, sa, sb = stack.pop()
+        if sa == sb or b <= a:
+            continue  # nested sets of equal size are equal: no drop inside
+        if b - a == 1:
+            found.append(b)
+            continue
+        m = (a + b) // 2
+        sm = size(m)
+        stack.append((a, m, sa, sm))
+        stack.append((m, b, sm, sb))
+    found.sort()
+    return found

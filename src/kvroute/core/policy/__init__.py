@@ -5,10 +5,23 @@ from __future__ import annotations
 from typing import Any
 
 from kvroute.core.policy.base import Decision, FleetView, LoadView, Policy, RouteRequest
+from kvroute.core.policy.consistent_hash import ConsistentHashPolicy
+from kvroute.core.policy.least_load import LeastLoadPolicy
+from kvroute.core.policy.power_of_two import PowerOfTwoPolicy
+from kvroute.core.policy.prefix import PrefixPolicy
+from kvroute.core.policy.random_policy import RandomPolicy
 from kvroute.core.policy.round_robin import RoundRobinPolicy
 
 POLICIES: dict[str, type[Policy]] = {
-    RoundRobinPolicy.name: RoundRobinPolicy,
+    cls.name: cls
+    for cls in (
+        RoundRobinPolicy,
+        RandomPolicy,
+        LeastLoadPolicy,
+        PowerOfTwoPolicy,
+        ConsistentHashPolicy,
+        PrefixPolicy,
+    )
 }
 
 
@@ -27,10 +40,16 @@ def make_policy(name: str, **kwargs: Any) -> Policy:
 
 __all__ = [
     "POLICIES",
+    "ConsistentHashPolicy",
     "Decision",
     "FleetView",
+    "LeastLoadPolicy",
     "LoadView",
     "Policy",
+    "PowerOfTwoPolicy",
+    "PrefixPolicy",
+    "RandomPolicy",
+    "RoundRobinPolicy",
     "RouteRequest",
     "make_policy",
     "policy_names",

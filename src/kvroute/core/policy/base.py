@@ -76,6 +76,13 @@ class FleetView(Protocol):
         """Eligible backends (healthy, not draining, serving the model, not excluded), by URL."""
         ...
 
+    @property
+    def excluded(self) -> frozenset[str]: ...  # backends this call must not choose (retries)
+
+    def is_eligible(self, url: str) -> bool:
+        """Whether ``url`` may be chosen by this call (the same test as ``candidates``)."""
+        ...
+
     def least_loaded(self, k: int) -> list[str]:
         """Up to ``k`` eligible backends with the fewest in-flight tokens per weight."""
         ...

@@ -1,0 +1,76 @@
+"""Consistent hashing with bounded load: stickiness that yields when a backend is full."""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Sequence
+
+import xxhash
+
+from kvroute.core.policy.base import Decision, FleetView, Policy, RouteRequest, request_key
+
+
+class ConsistentHashPolicy(Policy):
+    """Each prefix maps to a point on a hash ring; it goes to the first backend that has room.
+
+    What it does: hashes the request's first block key (so prompts sharing their first
+    block land together) onto a ring with ``virtual_nodes`` points per backend (scaled by
+    weight) and walks clockwise, skipping backends that are ineligible or whose load
+    would exceed ``(1 + epsilon)`` times the fleet mean (in-flight tokens per weight,
+    this request included; Mirrokni et al.'s bounded-load rule). Independent routers
+    agree without talking. When it loses: the first block is a coarse key (one hot system
+    prompt is one point), and it never weighs a deeper cache hit elsewhere against load;
+    unbounded variants thrash a saturated engine's cache, which the bound prevents.
+    Inputs: load, the eligible list. Knobs: ``epsilon`` (0.25), ``virtual_nodes`` (64).
+    """
+
+    name = "consistent_hash"
+
+    def __init__(self, *, epsilon: float = 0.25, virtual_nodes: int = 64) -> None:
+        if epsilon < 0 or virtual_nodes < 1:
+            raise ValueError("consistent_hash: epsilon must be >= 0 and virtual_nodes >= 1")
+        self.epsilon = epsilon
+        self.virtual_nodes = virtual_nodes
+        self._ring_source: Sequence[str] = ()  # candidate tuple the ring was built from
+        self._points: list[int] = []  # sorted ring positions
+        self._owners: list[str] = []  # backend of each position
+
+    def _build(self, view: FleetView, urls: Sequence[str]) -> None:
+        entries = []
+        for url in urls:
+            weight = view.load(url).weight
+            for i in range(max(1, round(self.virtual_nodes * weight))):
+                entries.append((xxhash.xxh3_64_intdigest(f"{url}#{i}".encode()), url))
+        entries.sort()
+        self._points = [p for p, _ in entries]
+        self._owners = [u for _, u in entries]
+        self._ring_source = urls
+
+    def choose(self, request: RouteRequest, view: FleetView, now: float) -> Decision | None:
+        candidates = view.candidates()
+        if not candidates:
+            return None
+        stale = candidates is not self._ring_source and candidates != self._ring_source
+        if not self._points or (stale and not view.excluded):
+            self._build(view, candidates)
+        # Bounded load: a backend takes the request while its load per weight is at most
+        # (1 + epsilon) x the fleet mean counted with this request (tokens per weight).
+        cost = request.num_prompt_tokens + request.max_tokens
+        bound = (1 + self.epsilon) * (view.mean_in_flight_tokens() + cost / len(candidates))
+        order = view.least_loaded(1)
+        seen: dict[str, None] = {}
+        start = bisect_right(self._points, request_key(request) & 0xFFFF_FFFF_FFFF_FFFF)
+        n = len(self._points)
+        for step in range(n):
+            url = self._owners[(start + step) % n]
+            if url in seen or not view.is_eligible(url):
+                continue
+            seen[url] = None
+            load = view.load(url)
+            if load.in_flight_tokens / load.weight <= bound:
+                ranked = (url, *(u for u in order if u != url))
+                return Decision(url, "hash", 0, ranked)
+            if len(seen) >= len(candidates):
+                break
+        url = order[0] if order else candidates[0]
+        return Decision(url, "load", 0, (url, *(u for u in seen if u != url)))

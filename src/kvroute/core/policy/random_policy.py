@@ -1,0 +1,30 @@
+"""Uniform random choice: the baseline with no state."""
+
+from __future__ import annotations
+
+from random import Random
+
+from kvroute.core.policy.base import Decision, FleetView, Policy, RouteRequest, rest_by_load
+
+
+class RandomPolicy(Policy):
+    """Each request goes to a uniformly random eligible backend.
+
+    What it does: ``rng.choice`` over the eligible backends (sorted by URL, so a seeded
+    generator reproduces the same sequence). When it loses: like round-robin it ignores
+    caches and load, and short runs are lumpy. Inputs: the eligible list, a seeded
+    ``random.Random`` (its own if given, else the fleet's). Knobs: ``rng``.
+    """
+
+    name = "random"
+
+    def __init__(self, rng: Random | None = None) -> None:
+        self._rng = rng  # None: use the fleet's generator
+
+    def choose(self, request: RouteRequest, view: FleetView, now: float) -> Decision | None:
+        candidates = view.candidates()
+        if not candidates:
+            return None
+        rng = self._rng if self._rng is not None else view.rng
+        url = candidates[rng.randrange(len(candidates))]
+        return Decision(url, "random", 0, rest_by_load(view, [url]))
