@@ -34,7 +34,7 @@ class FakeClock:
         self.now += seconds
 
 
-def test_config(urls: list[str], **changes: Any) -> RouterConfig:
+def router_config(urls: list[str], **changes: Any) -> RouterConfig:
     """A RouterConfig for tests: round-robin, no background scraping, no retry backoff."""
     base = RouterConfig(
         backends=tuple(BackendConfig(url=u) for u in urls),
@@ -58,7 +58,7 @@ class Harness:
     async def router(
         self, urls: list[str], *, clock: Any = None, **changes: Any
     ) -> TestClient[Any, Any]:
-        config = test_config(urls, **changes)
+        config = router_config(urls, **changes)
         app = make_app(config, clock=clock) if clock is not None else make_app(config)
         client = TestClient(TestServer(app, host="127.0.0.1"))
         await client.start_server()

@@ -90,11 +90,11 @@ async def test_graceful_shutdown_finishes_in_flight_requests(harness: Harness) -
     from aiohttp import web
 
     from kvroute.router.app import make_app
-    from tests.router.conftest import assert_no_load, test_config
+    from tests.router.conftest import assert_no_load, router_config
 
     b = await harness.backend("a")
     b.state.stall_s = 0.3
-    app = make_app(test_config([b.url]))
+    app = make_app(router_config([b.url]))
     runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=5.0)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
