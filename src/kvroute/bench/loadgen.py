@@ -1,0 +1,307 @@
+"""The HTTP load generator: sends workload specs to an OpenAI endpoint and times them.
+
+``send_request`` streams one request and measures it as ``vllm bench serve`` does (TTFT
+at the first token chunk, one ITL per later chunk, usage from the final chunk).
+``LoadGenerator`` offers a workload in one of the ``LoadConfig`` modes; the runner
+calls ``warmup()`` then ``run()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import aiohttp
+
+from kvroute.bench.arrivals import arrival_offsets
+from kvroute.bench.load import LoadConfig
+from kvroute.bench.metrics import RequestRecord
+from kvroute.bench.spec import RequestSpec, Session
+from kvroute.bench.sse import SseDecoder, read_chunk
+from kvroute.bench.workloads.base import Workload
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """Handed to the progress callback after each measured request."""
+
+    completed: int  # successful measured requests so far
+    failed: int  # failed measured requests so far
+    total: int | None  # num_requests bound, if any
+    elapsed_s: float  # since the measured run started
+    duration_s: float | None  # duration bound, if any
+
+
+ProgressFn = Callable[[Progress], None]
+
+
+@dataclass(slots=True)
+class _Measure:
+    """Mutable state of one request while its stream is read."""
+
+    start: float
+    ttft_s: float | None = None
+    last: float = 0.0
+    num_chunks: int = 0
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+    cached_tokens: int | None = None
+    error: str | None = None
+    done: bool = False
+
+    def on_payload(self, payload: str, now: float, itl: list[float]) -> None:
+        chunk = read_chunk(payload)
+        if chunk.error:
+            self.error = chunk.error
+        if chunk.has_token:
+            if self.ttft_s is None:
+                self.ttft_s = now - self.start
+            else:
+                itl.append(now - self.last)
+            self.last = now
+            self.num_chunks += 1
+        self.prompt_tokens = chunk.prompt_tokens or self.prompt_tokens
+        self.output_tokens = chunk.completion_tokens or self.output_tokens
+        if chunk.cached_tokens is not None:
+            self.cached_tokens = chunk.cached_tokens
+        self.done = self.done or chunk.done
+
+
+async def send_request(
+    session: aiohttp.ClientSession,
+    target_url: str,
+    spec: RequestSpec,
+    *,
+    t0: float,
+    model: str | None = None,
+    ignore_eos: bool = False,
+    timeout_s: float = 600.0,
+    default_backend: str | None = None,
+    warmup: bool = False,
+) -> RequestRecord:
+    """Stream ``spec`` to ``target_url`` and measure it; never raises for HTTP trouble."""
+    m = _Measure(start=time.perf_counter())
+    itl: list[float] = []
+    status = backend = decision = None
+    try:
+        async with session.post(
+            target_url.rstrip("/") + spec.path,
+            json=spec.body(model, ignore_eos=ignore_eos),
+            timeout=aiohttp.ClientTimeout(total=timeout_s),
+        ) as resp:
+            status = resp.status
+            backend = resp.headers.get("x-kvroute-backend")
+            decision = resp.headers.get("x-kvroute-decision")
+            if status != 200:
+                m.error = f"HTTP {status}: {(await resp.text())[:300]}"
+            else:
+                await _read_stream(resp, m, itl)
+    except asyncio.TimeoutError:
+        m.error = f"timeout after {timeout_s:g} s"
+    except aiohttp.ClientError as exc:
+        m.error = f"{type(exc).__name__}: {exc}"
+    end = time.perf_counter()
+    if m.error is None and m.ttft_s is None:
+        m.error = "stream ended without a token"
+    return RequestRecord(
+        request_id=spec.request_id,
+        prefix_group=spec.prefix_group,
+        session_id=spec.session_id,
+        turn=spec.turn,
+        start_s=m.start - t0,
+        ok=m.error is None,
+        ttft_s=m.ttft_s,
+        itl_s=tuple(itl),
+        e2e_s=end - m.start,
+        prompt_tokens=m.prompt_tokens or spec.num_prompt_tokens,
+        output_tokens=m.output_tokens if m.output_tokens is not None else m.num_chunks,
+        cached_tokens=m.cached_tokens,
+        backend=backend or (default_backend if status is not None else None),
+        decision=decision,
+        status=status,
+        error=m.error,
+        warmup=warmup,
+    )
+
+
+async def _read_stream(resp: aiohttp.ClientResponse, m: _Measure, itl: list[float]) -> None:
+    decoder = SseDecoder()
+    async for data in resp.content.iter_any():
+        now = time.perf_counter()
+        for payload in decoder.feed(data):
+            m.on_payload(payload, now, itl)
+        if m.done:
+            return
+    for payload in decoder.flush():
+        m.on_payload(payload, time.perf_counter(), itl)
+
+
+class LoadGenerator:
+    """Offers one workload to one target under one ``LoadConfig``; collects the records."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        target_url: str,
+        workload: Workload,
+        load: LoadConfig,
+        *,
+        model: str | None,
+        default_backend: str | None,
+        progress: ProgressFn | None = None,
+    ) -> None:
+        self._session, self._target, self._load = session, target_url, load
+        self._model, self._default_backend = model, default_backend
+        self._progress = progress
+        self._sessions: Iterator[Session] = iter(workload.sessions())
+        self._rng = random.Random(load.seed)
+        self._sem = asyncio.Semaphore(load.max_concurrency) if load.max_concurrency else None
+        self.records: list[RequestRecord] = []
+        self._issued = self._scheduled = self._completed = self._failed = 0
+        self._t0 = 0.0
+        self._deadline: float | None = None
+
+    async def warmup(self) -> None:
+        """Send ``num_warmup`` requests (whole sessions) before the measured run."""
+        n, t0 = self._load.num_warmup, time.perf_counter()
+        sessions: list[Session] = []
+        while sum(len(s) for s in sessions) < n:
+            session = next(self._sessions, None)
+            if session is None:
+                break
+            sessions.append(session)
+        sem = asyncio.Semaphore(min(16, self._load.num_users, self._load.max_concurrency or 16))
+
+        async def one(session: Session) -> None:
+            for spec in session:
+                async with sem:
+                    self.records.append(await self._send(spec, t0, warmup=True))
+
+        await asyncio.gather(*(one(s) for s in sessions))
+
+    async def run(self) -> float:
+        """The measured run; returns its duration (first send to last response end)."""
+        self._t0 = time.perf_counter()
+        if self._load.duration_s is not None:
+            self._deadline = self._t0 + self._load.duration_s
+        if self._load.mode == "closed":
+            await asyncio.gather(*(self._user() for _ in range(self._load.num_users)))
+        else:
+            await self._scheduled_run()
+        return time.perf_counter() - self._t0
+
+    def _may_issue(self) -> bool:
+        bound = self._load.num_requests
+        if bound is not None and self._issued >= bound:
+            return False
+        return self._deadline is None or time.perf_counter() < self._deadline
+
+    async def _sleep(self, seconds: float) -> None:
+        if self._deadline is not None:
+            seconds = min(seconds, self._deadline - time.perf_counter())
+        if seconds > 0:
+            await asyncio.sleep(seconds)
+
+    async def _send(self, spec: RequestSpec, t0: float, *, warmup: bool = False) -> RequestRecord:
+        return await send_request(
+            self._session,
+            self._target,
+            spec,
+            t0=t0,
+            model=self._model,
+            ignore_eos=self._load.ignore_eos,
+            timeout_s=self._load.request_timeout_s,
+            default_backend=self._default_backend,
+            warmup=warmup,
+        )
+
+    async def _run_session(self, session: Session, held: bool = False) -> None:
+        """Turns in order with their think times; ``held``: a slot is already taken for turn 0."""
+        holding = held
+        try:
+            for i, spec in enumerate(session):
+                if i > 0:
+                    await self._sleep(spec.think_time_s)
+                if not self._may_issue():
+                    break
+                self._issued += 1
+                if self._sem is None or holding:
+                    record = await self._send(spec, self._t0)
+                else:
+                    async with self._sem:
+                        record = await self._send(spec, self._t0)
+                if holding:
+                    holding = False
+                    self._release()
+                self._record(record)
+        finally:
+            if holding:
+                self._release()
+
+    def _release(self) -> None:
+        assert self._sem is not None, "only a held slot is released"
+        self._sem.release()
+
+    def _record(self, record: RequestRecord) -> None:
+        self.records.append(record)
+        self._completed += record.ok
+        self._failed += not record.ok
+        if self._progress is not None:
+            self._progress(
+                Progress(
+                    self._completed,
+                    self._failed,
+                    self._load.num_requests,
+                    time.perf_counter() - self._t0,
+                    self._load.duration_s,
+                )
+            )
+
+    async def _user(self) -> None:
+        lo, hi = self._load.think_time_s
+        while self._may_issue():
+            session = next(self._sessions, None)
+            if session is None:
+                return
+            await self._run_session(session)
+            if hi > 0:
+                await self._sleep(self._rng.uniform(lo, hi))
+
+    def _timed_sessions(self) -> Iterator[tuple[float, Session]]:
+        """(send offset, session) pairs: Gamma arrivals (open) or the specs' own (trace)."""
+        if self._load.mode == "trace":
+            for session in self._sessions:
+                yield (session[0].arrival_s or 0.0), session
+            return
+        offsets = arrival_offsets(
+            self._rng,
+            self._load.rates,
+            self._load.burstiness,
+            num_requests=self._load.num_requests,
+            duration_s=self._load.duration_s,
+        )
+        for offset, session in zip(offsets, self._sessions, strict=False):
+            yield offset, session
+
+    async def _scheduled_run(self) -> None:
+        """Start each session at its offset; with a concurrency cap, wait for a free slot
+        first (requests queue client-side in arrival order, as in vLLM's bench)."""
+        tasks: list[asyncio.Task[None]] = []  # kept to the end so no error goes unseen
+        bound = self._load.num_requests
+        for offset, session in self._timed_sessions():
+            if bound is not None and self._scheduled >= bound:
+                break
+            await self._sleep(self._t0 + offset - time.perf_counter())
+            if self._sem is not None:
+                await self._sem.acquire()
+            if not self._may_issue():
+                if self._sem is not None:
+                    self._release()
+                break
+            self._scheduled += len(session)
+            tasks.append(asyncio.create_task(self._run_session(session, self._sem is not None)))
+            await asyncio.sleep(0)
+        await asyncio.gather(*tasks)

@@ -1,0 +1,217 @@
+"""Benchmark metrics: vLLM ``bench serve`` definitions plus the fleet-level ones kvroute adds.
+
+Pure: records in, numbers out (the load generator measures, this module only computes).
+
+vLLM definitions (``vllm/benchmarks/serve.py``), in milliseconds in the output:
+
+- TTFT: send to first streamed token, per request.
+- TPOT: (e2e - TTFT) / (output tokens - 1), per request with more than one output token.
+- ITL: every gap between successive token chunks of every request, pooled in one list.
+- E2EL: send to end of stream.
+- statistics: mean, median, std and ``np.percentile`` (linear interpolation); 0 when
+  there is no sample, as vLLM prints.
+- throughput: completed / duration, output tokens / duration, (input + output) / duration.
+
+Added: ``engine_prefix_hit_rate`` (fleet delta hits / delta queries of the engines'
+own counters, tokens), ``router_stickiness`` (Ranvier's client-side metric),
+``backend_load_imbalance`` (max / mean prefill tokens per backend).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
+
+PERCENTILES = (50, 90, 95, 99)
+LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """What the client measured for one request."""
+
+    request_id: str  # the spec's id
+    prefix_group: str  # the spec's shared-prefix label
+    session_id: str | None  # multi-turn conversation, or None
+    turn: int  # position in its session
+    start_s: float  # send time, seconds from the run start (negative for warm-up)
+    ok: bool  # completed with status 200 and no error in the stream
+    ttft_s: float | None  # first token; None when no token arrived
+    itl_s: tuple[float, ...]  # gaps between successive token chunks
+    e2e_s: float | None  # end of stream (or of the failure)
+    prompt_tokens: int  # usage.prompt_tokens, else the spec's count
+    output_tokens: int  # usage.completion_tokens, else the number of token chunks
+    cached_tokens: int | None  # usage.prompt_tokens_details.cached_tokens, when reported
+    backend: str | None  # x-kvroute-backend, or the target itself when it is one engine
+    decision: str | None = None  # x-kvroute-decision, when the target is a kvroute router
+    status: int | None = None  # HTTP status; None when no response came
+    error: str | None = None  # why it failed
+    warmup: bool = False  # sent before the measured run: excluded from metrics
+
+    @property
+    def tpot_s(self) -> float | None:
+        """vLLM TPOT; None for requests with fewer than two output tokens."""
+        if not self.ok or self.output_tokens < 2 or self.ttft_s is None or self.e2e_s is None:
+            return None
+        return (self.e2e_s - self.ttft_s) / (self.output_tokens - 1)
+
+
+def latency_stats(name: str, values_s: Sequence[float]) -> dict[str, float]:
+    """``mean_/median_/std_/pNN_{name}_ms`` of ``values_s`` (seconds in, ms out)."""
+    ms = np.asarray(values_s, dtype=float) * 1000.0
+    empty = ms.size == 0
+    out = {
+        f"mean_{name}_ms": 0.0 if empty else float(np.mean(ms)),
+        f"median_{name}_ms": 0.0 if empty else float(np.median(ms)),
+        f"std_{name}_ms": 0.0 if empty else float(np.std(ms)),
+    }
+    for p in PERCENTILES:
+        out[f"p{p}_{name}_ms"] = 0.0 if empty else float(np.percentile(ms, p))
+    return out
+
+
+def measured(records: Iterable[RequestRecord]) -> list[RequestRecord]:
+    """Records of the measured run (warm-up left out)."""
+    return [r for r in records if not r.warmup]
+
+
+def peak_concurrency(records: Sequence[RequestRecord]) -> int:
+    """Most requests in flight at once (sweep over send .. end intervals)."""
+    events = []
+    for r in records:
+        if r.e2e_s is not None:
+            events += [(r.start_s, 1), (r.start_s + r.e2e_s, -1)]
+    level = peak = 0
+    for _, step in sorted(events, key=lambda e: (e[0], e[1])):
+        level += step
+        peak = max(peak, level)
+    return peak
+
+
+def peak_output_throughput(records: Sequence[RequestRecord]) -> float:
+    """Most token chunks received in one wall-clock second (vLLM's 1-s buckets)."""
+    buckets: Counter[int] = Counter()
+    for r in records:
+        if r.ok and r.ttft_s is not None:
+            t = r.start_s + r.ttft_s
+            buckets[int(t)] += 1
+            for gap in r.itl_s:
+                t += gap
+                buckets[int(t)] += 1
+    return float(max(buckets.values(), default=0))
+
+
+def summarize(records: Sequence[RequestRecord], duration_s: float) -> dict[str, Any]:
+    """The vLLM ``bench serve`` result keys for the measured records."""
+    runs = measured(records)
+    done = [r for r in runs if r.ok]
+    total_in = sum(r.prompt_tokens for r in done)
+    total_out = sum(r.output_tokens for r in done)
+    per_s = (lambda x: x / duration_s) if duration_s > 0 else (lambda x: 0.0)
+    out: dict[str, Any] = {
+        "duration": duration_s,
+        "completed": len(done),
+        "failed": len(runs) - len(done),
+        "total_input_tokens": total_in,
+        "total_output_tokens": total_out,
+        "request_throughput": per_s(len(done)),
+        "output_throughput": per_s(total_out),
+        "total_token_throughput": per_s(total_in + total_out),
+        "max_output_tokens_per_s": peak_output_throughput(done),
+        "max_concurrent_requests": peak_concurrency(runs),
+    }
+    series = {
+        "ttft": [r.ttft_s for r in done if r.ttft_s is not None],
+        "tpot": [t for r in done if (t := r.tpot_s) is not None],
+        "itl": [gap for r in done for gap in r.itl_s],
+        "e2el": [r.e2e_s for r in done if r.e2e_s is not None],
+    }
+    for name in LATENCY_METRICS:
+        out.update(latency_stats(name, series[name]))
+    return out
+
+
+def router_stickiness(records: Sequence[RequestRecord]) -> float | None:
+    """Ranvier's client-side "cache hit rate" (ranvier.md §3.3), for comparison only.
+
+    A request counts as a hit when the backend that served it is the backend that last
+    served the same key (here its ``prefix_group``); the first sighting of a key and any
+    change of backend are misses. Requests are taken in the order their responses
+    started (send time + TTFT), as Locust updates its map on the response. Round-robin
+    scores about 1/N by construction. It measures routing consistency, not the engines'
+    cache: ``engine_prefix_hit_rate`` is the honest number. None without backends.
+    """
+    served = [r for r in measured(records) if r.ok and r.backend]
+    served.sort(key=lambda r: r.start_s + (r.ttft_s if r.ttft_s is not None else r.e2e_s or 0))
+    last: dict[str, str] = {}
+    hits = 0
+    for r in served:
+        assert r.backend is not None, "filtered above"
+        hits += last.get(r.prefix_group) == r.backend
+        last[r.prefix_group] = r.backend
+    return hits / len(served) if served else None
+
+
+def prefix_group_affinity(records: Sequence[RequestRecord]) -> float | None:
+    """Share of requests that went to their prefix group's most-used backend."""
+    per_group: dict[str, Counter[str]] = defaultdict(Counter)
+    for r in measured(records):
+        if r.ok and r.backend:
+            per_group[r.prefix_group][r.backend] += 1
+    total = sum(sum(c.values()) for c in per_group.values())
+    top = sum(max(c.values()) for c in per_group.values())
+    return top / total if total else None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineCounters:
+    """Cumulative engine counters scraped from one backend's /metrics (tokens)."""
+
+    prefix_cache_queries: float  # vllm:prefix_cache_queries_total, summed over label sets
+    prefix_cache_hits: float  # vllm:prefix_cache_hits_total
+    prompt_tokens: float | None  # vllm:prompt_tokens_total, when exported
+
+
+_COUNTER_NAMES = {
+    "queries": ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
+    "hits": ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
+    "prompt": ("vllm:prompt_tokens_total",),
+}
+
+
+def parse_engine_counters(text: str) -> EngineCounters | None:
+    """The prefix-cache counters of a Prometheus text page; None when it has none."""
+    sums: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            for key, names in _COUNTER_NAMES.items():
+                if sample.name in names:
+                    sums[key] = sums.get(key, 0.0) + float(sample.value)
+    if "queries" not in sums or "hits" not in sums:
+        return None
+    return EngineCounters(sums["queries"], sums["hits"], sums.get("prompt"))
+
+
+def counter_delta(before: float | None, after: float | None) -> float | None:
+    """after - before; a counter that went down was reset, so all of ``after`` is new."""
+    if before is None or after is None:
+        return None
+    return after - before if after >= before else after
+
+
+def backend_key(url: str) -> str:
+    """One spelling per backend: metrics URLs and x-kvroute-backend values match."""
+    url = url.strip().rstrip("/")
+    return url[: -len("/metrics")] if url.endswith("/metrics") else url
+
+
+def load_imbalance(values: Iterable[float]) -> float | None:
+    """max / mean; None when there is nothing or nothing was served."""
+    vals = list(values)
+    mean = sum(vals) / len(vals) if vals else 0.0
+    return max(vals) / mean if mean > 0 else None

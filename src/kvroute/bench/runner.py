@@ -1,0 +1,141 @@
+"""``run_benchmark``: one workload against one target, measured end to end.
+
+This is the in-process entry point ``kvroute bench`` uses, and the one ``compare`` and
+``demo`` call once per router: warm-up, a /metrics snapshot of every backend, the
+measured run, a second snapshot, then the result dict (design.md §4.4 keys).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from kvroute.bench.fleet import engine_deltas, fleet_results
+from kvroute.bench.load import LoadConfig
+from kvroute.bench.loadgen import LoadGenerator, ProgressFn
+from kvroute.bench.metrics import (
+    EngineCounters,
+    RequestRecord,
+    backend_key,
+    parse_engine_counters,
+    summarize,
+)
+from kvroute.bench.workloads.base import Workload
+
+
+@dataclass(slots=True)
+class BenchResult:
+    """The outcome of one run."""
+
+    result: dict[str, Any]  # result.json: vLLM bench-serve keys + kvroute keys
+    records: list[RequestRecord] = field(default_factory=list)  # warm-up and measured
+
+    def __getitem__(self, key: str) -> Any:
+        return self.result[key]
+
+
+def metrics_url(url: str) -> str:
+    """A backend URL or its /metrics URL -> the /metrics URL."""
+    return backend_key(url) + "/metrics"
+
+
+async def scrape_counters(
+    session: aiohttp.ClientSession, url: str, timeout_s: float = 10.0
+) -> EngineCounters | None:
+    """The engine counters of one backend; None when it cannot be read."""
+    try:
+        async with session.get(
+            metrics_url(url), timeout=aiohttp.ClientTimeout(total=timeout_s)
+        ) as resp:
+            if resp.status != 200:
+                return None
+            return parse_engine_counters(await resp.text())
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+        return None
+
+
+async def scrape_all(
+    session: aiohttp.ClientSession, urls: Sequence[str]
+) -> dict[str, EngineCounters | None]:
+    values = await asyncio.gather(*(scrape_counters(session, u) for u in urls))
+    return {backend_key(u): v for u, v in zip(urls, values, strict=True)}
+
+
+async def discover_model(session: aiohttp.ClientSession, target_url: str) -> str | None:
+    """First model id of the target's /v1/models, or None (then no "model" is sent)."""
+    try:
+        async with session.get(
+            target_url.rstrip("/") + "/v1/models", timeout=aiohttp.ClientTimeout(total=10)
+        ) as resp:
+            if resp.status != 200:
+                return None
+            data = (await resp.json()).get("data") or []
+            return str(data[0]["id"]) if data else None
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError, TypeError):
+        return None
+
+
+async def run_benchmark(
+    target_url: str,
+    workload: Workload,
+    load_config: LoadConfig,
+    backend_metrics_urls: Sequence[str] = (),
+    *,
+    router: str | None = None,
+    progress: ProgressFn | None = None,
+    session: aiohttp.ClientSession | None = None,
+    target_is_backend: bool = True,
+    extra_config: dict[str, Any] | None = None,
+) -> BenchResult:
+    """Run ``workload`` against ``target_url`` under ``load_config`` and measure it.
+
+    ``backend_metrics_urls``: engines whose /metrics give the true prefix-cache hit
+    rate and the per-backend prefill load. ``router``: label stored in the result.
+    ``target_is_backend``: attribute requests without an ``x-kvroute-backend`` header
+    to the target itself (right for a single engine; pass False for a router that does
+    not say where it sent a request). ``extra_config`` is merged into ``config``.
+    """
+    own = session is None
+    if session is None:
+        session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+    try:
+        model = load_config.model or await discover_model(session, target_url)
+        gen = LoadGenerator(
+            session,
+            target_url,
+            workload,
+            load_config,
+            model=model,
+            default_backend=backend_key(target_url) if target_is_backend else None,
+            progress=progress,
+        )
+        await gen.warmup()
+        before = await scrape_all(session, backend_metrics_urls)
+        duration_s = await gen.run()
+        after = await scrape_all(session, backend_metrics_urls)
+    finally:
+        if own:
+            await session.close()
+    result = summarize(gen.records, duration_s)
+    result.update(fleet_results(gen.records, engine_deltas(before, after)))
+    described = workload.describe()
+    result["cache_ceiling_hit_rate"] = described.get("cache_ceiling_hit_rate")
+    result.update(
+        workload=described,
+        router=router,
+        config={
+            "target": target_url,
+            "model": model,
+            "backend_metrics": list(backend_metrics_urls),
+            "unreadable_metrics": [u for u, v in after.items() if v is None],
+            "load": load_config.to_json(),
+            **(extra_config or {}),
+        },
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    )
+    return BenchResult(result, gen.records)
