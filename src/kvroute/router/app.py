@@ -180,9 +180,9 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return _error_response(500, "internal router error", "internal_error", "internal_error")
     finally:
         if request.path not in _UNCOUNTED_PATHS:
-            state.metrics.requests.labels(str(status), note.backend, note.reason).inc()
+            state.metrics.count_request(status, note.backend, note.reason)
             if note.backend:
-                state.metrics.e2e.labels(note.backend).observe(state.clock() - note.t0)
+                state.metrics.of(note.backend).e2e.observe(state.clock() - note.t0)
 
 
 async def handle_models(request: web.Request) -> web.Response:

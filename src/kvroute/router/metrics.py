@@ -8,6 +8,7 @@ backend registry only when ``/metrics`` is scraped, so they cost nothing per req
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -21,6 +22,16 @@ LATENCY_BUCKETS_S = (
 DECISION_BUCKETS_S = (
     0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05,
 )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class BackendInstruments:
+    """Label children of one backend, resolved once."""
+
+    ttft: Any  # Histogram child: kvroute_ttft_seconds{backend}
+    e2e: Any  # Histogram child: kvroute_e2e_seconds{backend}
+    predicted_cached: Any  # Counter child: kvroute_predicted_cached_tokens_total{backend}
+    prompt_tokens: Any  # Counter child: kvroute_routed_prompt_tokens_total{backend}
 
 
 class RouterMetrics:
@@ -84,6 +95,29 @@ class RouterMetrics:
             ["backend"],
             registry=r,
         )
+
+        # label children cached per key: labels() costs a lock and a tuple build per call
+        self._request_children: dict[tuple[int, str, str], Any] = {}
+        self._backend_children: dict[str, BackendInstruments] = {}
+
+    def count_request(self, status: int, backend: str, reason: str) -> None:
+        key = (status, backend, reason)
+        child = self._request_children.get(key)
+        if child is None:
+            child = self._request_children[key] = self.requests.labels(str(status), backend, reason)
+        child.inc()
+
+    def of(self, backend: str) -> BackendInstruments:
+        """The per-backend instruments (cached; dropped with ``forget``)."""
+        inst = self._backend_children.get(backend)
+        if inst is None:
+            inst = self._backend_children[backend] = BackendInstruments(
+                ttft=self.ttft.labels(backend),
+                e2e=self.e2e.labels(backend),
+                predicted_cached=self.predicted_cached.labels(backend),
+                prompt_tokens=self.prompt_tokens.labels(backend),
+            )
+        return inst
 
     def add_collector(self, collector: Collector) -> None:
         self.registry.register(collector)

@@ -174,9 +174,9 @@ def _as_retry(decision: Decision) -> Decision:
 
 
 def _count_prediction(state: RouterState, decision: Decision, req: RouteRequest) -> None:
-    m = state.metrics
-    m.predicted_cached.labels(decision.backend).inc(decision.predicted_cached_tokens)
-    m.prompt_tokens.labels(decision.backend).inc(req.num_prompt_tokens)
+    inst = state.metrics.of(decision.backend)
+    inst.predicted_cached.inc(decision.predicted_cached_tokens)
+    inst.prompt_tokens.inc(req.num_prompt_tokens)
 
 
 def _final_error(

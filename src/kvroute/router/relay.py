@@ -72,7 +72,7 @@ async def _relay_whole(
         raise BackendFailed(f"{url}: response body cut: {type(exc).__name__}") from None
     now = state.clock()
     state.fleet.on_first_token(ticket, now, _cached_tokens(body))
-    state.metrics.ttft.labels(url).observe(now - request[NOTE].t0)
+    state.metrics.of(url).ttft.observe(now - request[NOTE].t0)
     return resp.status < 400, web.Response(body=body, status=resp.status, headers=headers)
 
 
@@ -115,7 +115,7 @@ async def _relay_stream(
                     first = False
                     now = state.clock()
                     state.fleet.on_first_token(ticket, now)
-                    state.metrics.ttft.labels(url).observe(now - request[NOTE].t0)
+                    state.metrics.of(url).ttft.observe(now - request[NOTE].t0)
                 guard.reschedule(deadline)
                 try:
                     await out.write(chunk)
