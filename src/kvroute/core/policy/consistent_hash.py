@@ -7,7 +7,14 @@ from collections.abc import Sequence
 
 import xxhash
 
-from kvroute.core.policy.base import Decision, FleetView, Policy, RouteRequest, request_key
+from kvroute.core.policy.base import (
+    Decision,
+    FleetView,
+    Policy,
+    RouteRequest,
+    request_key,
+    rest_by_load,
+)
 
 
 class ConsistentHashPolicy(Policy):
@@ -68,9 +75,8 @@ class ConsistentHashPolicy(Policy):
             seen[url] = None
             load = view.load(url)
             if load.in_flight_tokens / load.weight <= bound:
-                ranked = (url, *(u for u in order if u != url))
-                return Decision(url, "hash", 0, ranked)
+                return Decision(url, "hash", 0, rest_by_load(view, [url]))
             if len(seen) >= len(candidates):
                 break
         url = order[0] if order else candidates[0]
-        return Decision(url, "load", 0, (url, *(u for u in seen if u != url)))
+        return Decision(url, "load", 0, rest_by_load(view, [url]))

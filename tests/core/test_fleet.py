@@ -1,0 +1,185 @@
+"""The Fleet end to end: membership, engine stats, states, and a stateful property test."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from kvroute.core.fleet import Fleet, FleetConfig
+from kvroute.core.policy import make_policy, policy_names
+from tests.core.routing_helpers import BS, chain, make_fleet, req, serve, url
+
+
+def test_membership_errors_are_value_errors():
+    fleet = make_fleet(n=1)
+    with pytest.raises(ValueError, match="already"):
+        fleet.add_backend(url(0))
+    with pytest.raises(ValueError, match="weight"):
+        fleet.add_backend(url(9), weight=0)
+    with pytest.raises(ValueError, match="unknown backend"):
+        fleet.set_healthy(url(5), False)
+    fleet.remove_backend(url(5))  # unknown: no-op
+    fleet.update_engine_stats(url(5), now=0.0, num_running=3)  # scrape racing a removal
+
+
+def test_removed_backend_vanishes_from_index_and_decisions():
+    fleet = make_fleet(n=2)
+    system = chain((1, 8))
+    d, t = serve(fleet, req("a", system))
+    fleet.remove_backend(d.backend)
+    assert fleet.index.holders(system[0]) == set()
+    assert d.backend not in fleet.urls()
+    again = fleet.route(req("b", system), 1.0)
+    assert again.backend != d.backend and again.reason == "cold"
+    fleet.finish(t, 2.0, ok=True)  # the old ticket's end is harmless
+    fleet.check_invariants()
+
+
+def test_engine_stats_feed_capacity_block_size_and_hit_deltas():
+    fleet = make_fleet(n=1)
+    u = url(0)
+    fleet.update_engine_stats(u, now=0.0, prefix_cache_hits=1000, prefix_cache_queries=4000)
+    fleet.update_engine_stats(
+        u,
+        now=1.0,
+        prefix_cache_hits=1600,
+        prefix_cache_queries=5000,
+        num_gpu_blocks=3,
+        block_size=BS,
+        kv_cache_usage=0.4,
+        num_running=2,
+        num_waiting=1,
+    )
+    fleet.update_engine_stats(u, now=2.0, prefix_cache_hits=50, prefix_cache_queries=100)  # restart
+    (s,) = fleet.backend_states()
+    assert (s.engine_hit_tokens, s.engine_query_tokens) == (650, 1100)
+    assert (s.capacity_blocks, s.block_size, s.kv_cache_usage) == (3, BS, 0.4)
+    assert (s.engine_num_running, s.engine_num_waiting, s.in_flight_requests) == (2, 1, 3)
+    serve(fleet, req("a", chain((1, 5))))
+    assert fleet.backend_states()[0].index_blocks == 3  # the scraped capacity bounds the model
+
+
+def test_states_compare_predicted_and_reported_hits():
+    fleet = make_fleet(n=1)
+    _, t1 = serve(fleet, req("a", chain((1, 4)), prompt_tokens=70))
+    fleet.on_first_token(t1, 0.1, cached_tokens=0)
+    fleet.finish(t1, 0.2, ok=True)
+    _, t2 = serve(fleet, req("b", chain((1, 4)), prompt_tokens=70), now=1.0)
+    fleet.on_first_token(t2, 1.1, cached_tokens=48)
+    fleet.finish(t2, 1.2, ok=False)
+    (s,) = fleet.backend_states()
+    assert (s.predicted_hit_tokens, s.predicted_query_tokens) == (64, 140)
+    assert (s.reported_hit_tokens, s.reported_query_tokens) == (48, 140)
+    assert (s.num_dispatched, s.num_failed) == (2, 1)
+
+
+def test_draining_backend_gets_no_new_work_but_keeps_its_load_until_finish():
+    fleet = make_fleet("least_load", n=2)
+    d, t = serve(fleet, req("a", chain((1, 2))))
+    fleet.set_draining(d.backend, True)
+    for i in range(5):
+        assert fleet.route(req(f"r{i}", chain((i, 2))), 0.0).backend != d.backend
+    assert next(s for s in fleet.backend_states() if s.url == d.backend).in_flight_requests == 1
+    fleet.finish(t, 1.0, ok=True)
+    fleet.set_draining(d.backend, False)
+    fleet.check_invariants()
+
+
+class FleetMachine(RuleBasedStateMachine):
+    """Random traffic, health flips, scrapes and removals; invariants after every step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        config = FleetConfig(
+            default_block_size=BS, default_capacity_blocks=12, max_index_entries=30
+        )
+        self.fleet = Fleet(make_policy("prefix"), config)
+        self.tickets = []
+        self.next_id = 0
+        for i in range(3):
+            self.fleet.add_backend(url(i))
+        self.now = 0.0
+
+    @rule(
+        prefix=st.integers(0, 4),
+        tail=st.integers(0, 50),
+        blocks=st.integers(0, 6),
+        policy_exclude=st.booleans(),
+    )
+    def request(self, prefix, tail, blocks, policy_exclude):
+        self.now += 0.01
+        r = req(f"r{self.next_id}", chain((prefix, 2), (tail, blocks)), max_tokens=8)
+        self.next_id += 1
+        exclude = self.fleet.urls()[:1] if policy_exclude else []
+        decision = self.fleet.route(r, self.now, exclude=exclude)
+        if decision is not None:
+            assert decision.backend not in exclude
+            self.tickets.append(self.fleet.dispatch(decision, r, self.now))
+
+    @rule(pick=st.integers(0, 1000), cached=st.none() | st.integers(0, 200))
+    def first_token(self, pick, cached):
+        if self.tickets:
+            self.fleet.on_first_token(self.tickets[pick % len(self.tickets)], self.now, cached)
+
+    @rule(pick=st.integers(0, 1000), ok=st.booleans())
+    def finish(self, pick, ok):
+        if self.tickets:
+            self.fleet.finish(self.tickets[pick % len(self.tickets)], self.now, ok)
+
+    @rule(i=st.integers(0, 5), healthy=st.booleans(), draining=st.booleans())
+    def flip(self, i, healthy, draining):
+        if url(i) in self.fleet.urls():
+            self.fleet.set_healthy(url(i), healthy)
+            self.fleet.set_draining(url(i), draining)
+
+    @rule(
+        i=st.integers(0, 5),
+        running=st.integers(0, 5),
+        waiting=st.integers(0, 5),
+        blocks=st.integers(1, 20),
+    )
+    def scrape(self, i, running, waiting, blocks):
+        self.fleet.update_engine_stats(
+            url(i), now=self.now, num_running=running, num_waiting=waiting, num_gpu_blocks=blocks
+        )
+
+    @rule(i=st.integers(0, 5))
+    def remove_or_add(self, i):
+        if url(i) in self.fleet.urls():
+            self.fleet.remove_backend(url(i))
+        else:
+            self.fleet.add_backend(url(i))
+
+    @invariant()
+    def consistent(self):
+        self.fleet.check_invariants()
+
+    def teardown(self):
+        for t in self.tickets:
+            self.fleet.finish(t, self.now + 1, ok=True)
+        self.fleet.check_invariants()
+        for s in self.fleet.backend_states():
+            assert s.in_flight_tokens == 0 or s.engine_num_running or s.engine_num_waiting
+
+
+TestFleetMachine = FleetMachine.TestCase
+TestFleetMachine.settings = settings(max_examples=40, stateful_step_count=40, deadline=None)
+
+
+@pytest.mark.parametrize("name", policy_names())
+def test_every_policy_survives_a_mixed_story(name):
+    fleet = make_fleet(name, n=3, capacity=20)
+    tickets = []
+    for i in range(30):
+        _, t = serve(fleet, req(f"r{i}", chain((i % 3, 4), (i, 2))), now=i * 0.01)
+        tickets.append(t)
+        if i % 4 == 0:
+            fleet.on_first_token(tickets[i // 2], i * 0.01 + 0.005)
+        if i == 15:
+            fleet.remove_backend(url(1))
+    for t in tickets:
+        fleet.finish(t, 1.0, ok=True)
+    fleet.check_invariants()
+    assert all(s.in_flight_requests == 0 for s in fleet.backend_states())
