@@ -34,7 +34,7 @@ class FleetConfig:
 
     default_block_size: int = 16  # tokens per block until a backend's block size is scraped
     default_capacity_blocks: int = 8192  # cache-model size until num_gpu_blocks is scraped
-    max_index_entries: int = 4_000_000  # hard cap on (block, backend) index entries
+    max_index_entries: int = 2_000_000  # hard cap on (block, backend) entries (~150-300 B each)
     cost: CostConfig = field(default_factory=CostConfig)  # TTFT estimate and rate learning
 
     def __post_init__(self) -> None:

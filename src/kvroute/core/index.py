@@ -23,6 +23,7 @@ import heapq
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Sequence
 from itertools import repeat
+from operator import or_
 
 
 class CacheModel(abc.ABC):
@@ -221,9 +222,8 @@ class PrefixIndex:
         before, a fast path), blocks no longer held."""
         bit = 1 << self.url_to_slot[url]
         h2h = self.hash_to_holders
-        get = h2h.get
-        for h in added:
-            h2h[h] = get(h, 0) | bit
+        # Both updates run in C: OR the bit into existing masks, set it on fresh blocks.
+        h2h.update(zip(added, map(or_, map(h2h.get, added, repeat(0)), repeat(bit)), strict=True))
         h2h.update(zip(fresh, repeat(bit)))
         self.num_entries += len(added) + len(fresh) - len(removed)
         self._drop(self.url_to_slot[url], removed)
