@@ -27,7 +27,7 @@ from kvroute.engine.engine import TokenOutput
 from kvroute.sim import protocol
 from kvroute.sim.metrics import CONTENT_TYPE
 from kvroute.sim.protocol import ApiError, SimRequest
-from kvroute.sim.server import SimBackend
+from kvroute.sim.server import SimBackend, TokenStream
 
 BACKEND = web.AppKey("backend", SimBackend)
 MAX_BODY_BYTES = 64 * 1024 * 1024
@@ -90,12 +90,12 @@ class _Progress:
     ttft_s: float | None = None
     finish_reason: str | None = None
 
-    def on_token(self, out: TokenOutput, now_s: float, backend: SimBackend) -> None:
+    def on_token(self, out: TokenOutput, stream: TokenStream, backend: SimBackend) -> None:
         self.num_output += 1
         self.num_cached = out.num_cached_tokens
         self.finish_reason = out.finish_reason
-        if self.ttft_s is None:
-            self.ttft_s = now_s - self.arrival_s
+        if self.ttft_s is None and stream.first_token_at is not None:
+            self.ttft_s = stream.first_token_at - self.arrival_s
             backend.metrics.record_first_token(self.ttft_s)
 
 
@@ -127,14 +127,17 @@ async def _serve(request: web.Request, chat: bool) -> web.StreamResponse:
         await asyncio.sleep(delay)
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     try:
-        queue = backend.submit(rid, req.prompt_token_ids, req.max_tokens, req.seed, req.cache_salt)
+        stream = backend.submit(
+            rid, req.prompt_token_ids, req.max_tokens, req.seed, req.cache_salt,
+            wake_on_finish=not req.stream and backend.faults.drop_after_chunks is None,
+        )  # fmt: skip
     except ValueError as exc:
         return error_response(ApiError(str(exc)))
     progress = _Progress(rid, arrival, len(req.prompt_token_ids))
     try:
         if req.stream:
-            return await _stream(request, backend, req, queue, progress)
-        return await _complete(request, backend, req, queue, progress)
+            return await _stream(request, backend, req, stream, progress)
+        return await _complete(request, backend, req, stream, progress)
     finally:
         backend.abort(rid)
         backend.metrics.record_finished(
@@ -163,18 +166,17 @@ async def _apply_request_faults(backend: SimBackend) -> None:
 
 async def _complete(
     request: web.Request, backend: SimBackend, req: SimRequest,
-    queue: asyncio.Queue[TokenOutput], progress: _Progress,
+    stream: TokenStream, progress: _Progress,
 ) -> web.StreamResponse:  # fmt: skip
-    loop = asyncio.get_running_loop()
     drop = backend.faults.drop_after_chunks
     words = backend.word_text
     pieces: list[str] = []
     while progress.finish_reason is None:
-        out = await queue.get()
-        progress.on_token(out, loop.time(), backend)
-        pieces.append(words.get(out.token_id) or backend.tokenizer.decode([out.token_id]))
-        if drop is not None and progress.num_output >= drop:
-            return _drop_connection(request)
+        for out in await stream.take():
+            progress.on_token(out, stream, backend)
+            pieces.append(words.get(out.token_id) or backend.tokenizer.decode([out.token_id]))
+            if drop is not None and progress.num_output >= drop:
+                return _drop_connection(request, web.Response())
     body = protocol.full_response(
         progress.rid, int(time.time()), backend.model_name, req.chat, "".join(pieces),
         progress.finish_reason,
@@ -185,49 +187,56 @@ async def _complete(
 
 async def _stream(
     request: web.Request, backend: SimBackend, req: SimRequest,
-    queue: asyncio.Queue[TokenOutput], progress: _Progress,
+    stream: TokenStream, progress: _Progress,
 ) -> web.StreamResponse:  # fmt: skip
-    loop = asyncio.get_running_loop()
+    """Relay tokens as SSE chunks; a client that goes away just ends the relay."""
     resp = web.StreamResponse(headers=SSE_HEADERS)
     await resp.prepare(request)
     drop = backend.faults.drop_after_chunks
     sent = 0
     created = int(time.time())
-    model = backend.model_name
-    words = backend.word_text
-    while True:
-        chunks: list[dict[str, Any]] = []
-        out = await queue.get()
-        while True:  # one write for every token already waiting
-            first = progress.ttft_s is None
-            progress.on_token(out, loop.time(), backend)
-            if first and req.chat:
-                chunks.append(protocol.stream_chunk(progress.rid, created, model, True, "",
-                                                    None, role=True))  # fmt: skip
-            text = words.get(out.token_id) or backend.tokenizer.decode([out.token_id])
-            chunk = protocol.stream_chunk(
-                progress.rid, created, model, req.chat, text, out.finish_reason
+    try:
+        while progress.finish_reason is None:
+            chunks = _next_chunks(backend, req, progress, created, await stream.take(), stream)
+            if drop is not None and sent + len(chunks) >= drop:
+                await _write(resp, chunks[: drop - sent], b"")
+                return _drop_connection(request, resp)
+            sent += len(chunks)
+            if progress.finish_reason is None:
+                await _write(resp, chunks, b"")
+        if req.include_usage:
+            use = protocol.usage(progress.num_prompt, progress.num_output, progress.num_cached)
+            chunks.append(
+                protocol.usage_chunk(progress.rid, created, backend.model_name, req.chat, use)
             )
-            if req.continuous_usage:
-                chunk["usage"] = protocol.usage(
-                    progress.num_prompt, progress.num_output, progress.num_cached
-                )
-            chunks.append(chunk)
-            if out.finish_reason is not None or queue.empty():
-                break
-            out = queue.get_nowait()
-        if drop is not None and sent + len(chunks) >= drop:
-            await _write(resp, chunks[: drop - sent], b"")
-            return _drop_connection(request)
-        sent += len(chunks)
-        if progress.finish_reason is not None:
-            if req.include_usage:
-                use = protocol.usage(progress.num_prompt, progress.num_output, progress.num_cached)
-                chunks.append(protocol.usage_chunk(progress.rid, created, model, req.chat, use))
-            await _write(resp, chunks, DONE)
-            await resp.write_eof()
-            return resp
-        await _write(resp, chunks, b"")
+        await _write(resp, chunks, DONE)
+        await resp.write_eof()
+    except ConnectionResetError:
+        pass  # the client went away; _serve's finally aborts the request
+    return resp
+
+
+def _next_chunks(
+    backend: SimBackend, req: SimRequest, progress: _Progress, created: int,
+    outs: list[TokenOutput], stream: TokenStream,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """The SSE chunks of the tokens ``outs`` (written together, one token per chunk)."""
+    model = backend.model_name
+    chunks: list[dict[str, Any]] = []
+    for out in outs:
+        if progress.ttft_s is None and req.chat:
+            chunks.append(protocol.stream_chunk(progress.rid, created, model, True, "", None,
+                                                role=True))  # fmt: skip
+        progress.on_token(out, stream, backend)
+        text = backend.word_text.get(out.token_id) or backend.tokenizer.decode([out.token_id])
+        chunk = protocol.stream_chunk(progress.rid, created, model, req.chat, text,
+                                      out.finish_reason)  # fmt: skip
+        if req.continuous_usage:
+            chunk["usage"] = protocol.usage(
+                progress.num_prompt, progress.num_output, progress.num_cached
+            )
+        chunks.append(chunk)
+    return chunks
 
 
 async def _write(resp: web.StreamResponse, chunks: list[dict[str, Any]], tail: bytes) -> None:
@@ -236,12 +245,16 @@ async def _write(resp: web.StreamResponse, chunks: list[dict[str, Any]], tail: b
         await resp.write(data)
 
 
-def _drop_connection(request: web.Request) -> web.StreamResponse:
-    """Close the socket mid-answer (the ``drop`` fault); the client sees a broken stream."""
+def _drop_connection(request: web.Request, resp: web.StreamResponse) -> web.StreamResponse:
+    """Close the socket mid-answer (the ``drop`` fault); the client sees a broken stream.
+
+    aiohttp's attempt to finish ``resp`` then meets a closed transport and gives up
+    quietly, as after a client disconnect.
+    """
     transport = request.transport
     if transport is not None:
         transport.abort()
-    raise asyncio.CancelledError  # nothing more can be sent; stop like a disconnect
+    return resp
 
 
 # ---- the other endpoints ------------------------------------------------------------

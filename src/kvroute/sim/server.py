@@ -3,7 +3,7 @@
 A ``SimBackend`` owns an ``Engine`` and one asyncio task (the engine loop) that does what
 vLLM's engine core does: ``r = engine.step(now)``, wait ``r.duration_s`` (divided by the
 speedup, multiplied by a ``slow`` fault), then hand each produced token to the request
-that owns it (a per-request ``asyncio.Queue``). The loop sleeps on an ``asyncio.Event``
+that owns it (a per-request ``TokenStream``). The loop sleeps on an ``asyncio.Event``
 while the engine has nothing to do, so an idle backend costs nothing.
 
 Clock: the engine's ``now`` is real time since the loop started times ``speedup``
@@ -31,6 +31,46 @@ from kvroute.engine.profiles import EngineProfile, get_profile
 from kvroute.sim.faults import Faults
 from kvroute.sim.kv_publisher import KvEventPublisher
 from kvroute.sim.metrics import SimMetrics
+
+FREE_STEPS_PER_YIELD = 256  # zero-time steps run before letting the handlers run
+
+
+class TokenStream:
+    """The tokens of one request, handed from the engine loop to its handler.
+
+    Lighter than an ``asyncio.Queue`` (this is the hot path of the ``instant`` profile):
+    the loop appends, and wakes a waiting handler once per delivery, or only when the
+    request finishes if ``wake_on_finish`` (a non-streaming answer needs nothing sooner).
+    """
+
+    __slots__ = ("_items", "_waiter", "first_token_at", "wake_on_finish")
+
+    def __init__(self, wake_on_finish: bool = False) -> None:
+        self._items: list[TokenOutput] = []
+        self._waiter: asyncio.Future[None] | None = None
+        self.first_token_at: float | None = None  # loop time the first token was delivered
+        self.wake_on_finish = wake_on_finish
+
+    def push(self, out: TokenOutput, now: float) -> None:
+        if self.first_token_at is None:
+            self.first_token_at = now
+        self._items.append(out)
+        waiter = self._waiter
+        wake = not self.wake_on_finish or out.finish_reason is not None
+        if wake and waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def take(self) -> list[TokenOutput]:
+        """Every token delivered since the last take; waits for at least one."""
+        while not self._items or (self.wake_on_finish and self._items[-1].finish_reason is None):
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        items = self._items
+        self._items = []
+        return items
 
 
 class SimBackend:
@@ -72,7 +112,7 @@ class SimBackend:
         self._kv_endpoint = kv_events_endpoint
         self._kv_replay_endpoint = kv_replay_endpoint
         self.publisher: KvEventPublisher | None = None
-        self._streams: dict[str, asyncio.Queue[TokenOutput]] = {}
+        self._streams: dict[str, TokenStream] = {}
         self._seeds: dict[str, int] = {}
         self._wakeup = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
@@ -149,12 +189,14 @@ class SimBackend:
         max_tokens: int,
         seed: int,
         cache_salt: str | None = None,
-    ) -> asyncio.Queue[TokenOutput]:
-        """Add a request to the engine; its tokens arrive on the returned queue.
+        *,
+        wake_on_finish: bool = False,
+    ) -> TokenStream:
+        """Add a request to the engine; its tokens arrive on the returned stream.
 
         Raises ValueError when the engine refuses it (too long for the model).
         """
-        queue: asyncio.Queue[TokenOutput] = asyncio.Queue()
+        stream = TokenStream(wake_on_finish)
         self._seeds[request_id] = seed
         try:
             self.engine.add_request(
@@ -163,9 +205,9 @@ class SimBackend:
         except ValueError:
             del self._seeds[request_id]
             raise
-        self._streams[request_id] = queue
+        self._streams[request_id] = stream
         self._wakeup.set()
-        return queue
+        return stream
 
     def abort(self, request_id: str) -> None:
         """Forget an unfinished request: the engine frees its blocks. Idempotent."""
@@ -186,17 +228,45 @@ class SimBackend:
             if not engine.has_unfinished_requests():
                 self._wakeup.clear()
                 await self._wakeup.wait()
+                await self._gather_arrivals()
                 continue
             start = loop.time()
-            result = engine.step((start - self._t0) * self.speedup)
-            delay = result.duration_s * self.faults.slow_factor / self.speedup
+            outputs, duration_s = self._step((start - self._t0) * self.speedup)
+            delay = duration_s * self.faults.slow_factor / self.speedup
             if delay > 0:
                 await asyncio.sleep(start + delay - loop.time())
             else:
-                # zero-time step (instant profile): still let the handlers run
-                await asyncio.sleep(0 if result.outputs else 0.001)
-            self._deliver(result.outputs)
+                await asyncio.sleep(0 if outputs else 0.001)  # never spin
+            self._deliver(outputs)
             self.publish_kv_events()
+
+    async def _gather_arrivals(self) -> None:
+        """Yield while requests keep arriving (a few loop turns at most), so that requests
+        that came together start in one batch instead of one zero-time step each."""
+        for _ in range(8):
+            before = len(self._streams)
+            await asyncio.sleep(0)
+            if len(self._streams) == before:
+                return
+
+    def _step(self, now: float) -> tuple[list[TokenOutput], float]:
+        """One engine step; zero-time steps (``instant``) run back to back, up to a cap.
+
+        Free steps take no modelled time, so their tokens are all due at ``now``; running
+        them together gives each request one delivery instead of one per token.
+        """
+        result = self.engine.step(now)
+        if result.duration_s > 0 or not result.outputs:
+            return result.outputs, result.duration_s
+        outputs = list(result.outputs)
+        for _ in range(FREE_STEPS_PER_YIELD):
+            if not self.engine.has_unfinished_requests():
+                break
+            result = self.engine.step(now)
+            outputs += result.outputs
+            if result.duration_s > 0:
+                return outputs, result.duration_s
+        return outputs, 0.0
 
     def publish_kv_events(self) -> None:
         """Send the engine's pending KV events as one batch (no-op without a publisher)."""
@@ -205,11 +275,12 @@ class SimBackend:
 
     def _deliver(self, outputs: list[TokenOutput]) -> None:
         streams = self._streams
+        now = asyncio.get_running_loop().time()
         for out in outputs:
-            queue = streams.get(out.request_id)
-            if queue is None:
+            stream = streams.get(out.request_id)
+            if stream is None:
                 continue  # aborted while the step ran
-            queue.put_nowait(out)
+            stream.push(out, now)
             if out.finish_reason is not None:
                 del streams[out.request_id]
                 self._seeds.pop(out.request_id, None)
