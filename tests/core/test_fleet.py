@@ -67,8 +67,10 @@ def test_states_compare_predicted_and_reported_hits():
     fleet.on_first_token(t1, 0.1, cached_tokens=0)
     fleet.finish(t1, 0.2, ok=True)
     _, t2 = serve(fleet, req("b", chain((1, 4)), prompt_tokens=70), now=1.0)
-    fleet.on_first_token(t2, 1.1, cached_tokens=48)
+    fleet.on_first_token(t2, 1.1)
     fleet.finish(t2, 1.2, ok=False)
+    fleet.record_cached_tokens(t2, 48)  # a stream's usage arrives with its last chunk
+    fleet.record_cached_tokens(t2, 60)  # only the first report counts
     (s,) = fleet.backend_states()
     assert (s.predicted_hit_tokens, s.predicted_query_tokens) == (64, 140)
     assert (s.reported_hit_tokens, s.reported_query_tokens) == (48, 140)

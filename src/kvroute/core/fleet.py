@@ -396,14 +396,26 @@ class Fleet:
         b.load.release_prefill(ticket)
         cached = ticket.predicted_cached_tokens
         if cached_tokens is not None:
-            cached = max(0, min(int(cached_tokens), ticket.num_prompt_tokens))
-            ticket.reported_cached_tokens = cached
-            b.reported[0] += cached
-            b.reported[1] += ticket.num_prompt_tokens
+            self.record_cached_tokens(ticket, cached_tokens)
+            cached = ticket.reported_cached_tokens or 0
         uncached = max(0, ticket.num_prompt_tokens - cached)
         work = ticket.queued_ahead_tokens + work_tokens(uncached, cached, self.config.cost)
         b.rate.observe(work, now - ticket.dispatched_at_s)
         self._reorder(b)
+
+    def record_cached_tokens(self, ticket: Ticket, cached_tokens: int) -> None:
+        """The engine's own hit for this request (usage.prompt_tokens_details.cached_tokens).
+
+        For streams, usage arrives with the last chunk: call this then (before or after
+        ``finish``); only the first report of a ticket counts.
+        """
+        b = self._live(ticket)
+        if b is None or ticket.reported_cached_tokens is not None:
+            return
+        cached = max(0, min(int(cached_tokens), ticket.num_prompt_tokens))
+        ticket.reported_cached_tokens = cached
+        b.reported[0] += cached
+        b.reported[1] += ticket.num_prompt_tokens
 
     def finish(self, ticket: Ticket, now: float, ok: bool) -> None:
         """The request ended (success, error, timeout, disconnect): release once; again: no-op."""
