@@ -1,0 +1,73 @@
+"""End to end: ``kvroute bench`` against the fake streaming server writes every output."""
+
+from __future__ import annotations
+
+import json
+
+from kvroute.cli import main
+
+DESIGN_KEYS = {
+    "duration",
+    "completed",
+    "failed",
+    "total_input_tokens",
+    "total_output_tokens",
+    "request_throughput",
+    "output_throughput",
+    "total_token_throughput",
+    "engine_prefix_hit_rate",
+    "router_stickiness",
+    "backend_load_imbalance",
+    "per_backend",
+    "workload",
+    "router",
+    "config",
+} | {
+    f"{stat}_{metric}_ms"
+    for stat in ("mean", "median", "std", "p50", "p90", "p99")
+    for metric in ("ttft", "tpot", "itl", "e2el")
+}
+
+
+def test_kvroute_bench_writes_result_records_and_plots(fake_in_thread, tmp_path, capsys):
+    url, _state = fake_in_thread
+    out = tmp_path / "run"
+    rc = main(
+        [
+            "bench",
+            "--target", url,
+            "--workload", "ranvier-stress",
+            "--workload-arg", "large_prefix_tokens=60,70,90",
+            "--workload-arg", "xlarge_min_tokens=80",
+            "--workload-arg", "max_tokens=3",
+            "--concurrency", "4",
+            "--think-time", "0,0.01",
+            "--num-requests", "16",
+            "--num-warmup", "2",
+            "--backend-metrics", f"{url}/b0", f"{url}/b1",
+            "--router", "fake-router",
+            "--out", str(out),
+            "--quiet",
+        ]
+    )  # fmt: skip
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "Serving Benchmark Result" in printed and "Engine prefix hit rate" in printed
+    result = json.loads((out / "result.json").read_text())
+    assert set(result) >= DESIGN_KEYS
+    assert result["completed"] == 16 and result["router"] == "fake-router"
+    assert result["workload"]["name"] == "ranvier-stress"
+    assert result["config"]["load"]["num_users"] == 4
+    assert 0.0 <= result["engine_prefix_hit_rate"] <= 1.0
+    assert len(result["per_backend"]) == 2
+    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    assert len(records) == 18 and sum(r["warmup"] for r in records) == 2
+    for name in ("ttft.png", "backends.png"):
+        assert (out / name).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bad_flags_exit_2_with_a_message(capsys):
+    rc = main(["bench", "--target", "http://127.0.0.1:9", "--workload", "nope", "--quiet"])
+    assert rc == 2 and "unknown workload" in capsys.readouterr().err
+    rc = main(["bench", "--target", "http://x", "--workload", "gsp", "--speedup", "2"])
+    assert rc == 2 and "mooncake" in capsys.readouterr().err
