@@ -130,9 +130,8 @@ async def burst(session: aiohttp.ClientSession, a: str, n_tokens: int, n: int, o
         values = [s.get(name, 0.0) for s in samples]
         print(f"   {name:28s} max {max(values):.2f}  (sampled every 0.1 s, {len(values)} samples)")
     if samples:
-        print(
-            f"   vllm:num_preemptions_total    {samples[-1].get('vllm:num_preemptions_total', 0):.0f}"
-        )
+        preempted = samples[-1].get("vllm:num_preemptions_total", 0)
+        print(f"   vllm:num_preemptions_total    {preempted:.0f}")
 
 
 async def main() -> None:
