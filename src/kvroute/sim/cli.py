@@ -14,7 +14,10 @@ EPILOG = """\
 Each backend serves vLLM's HTTP surface (/v1/completions, /v1/chat/completions,
 /v1/models, /health, /metrics, /tokenize) on port PORT_BASE+i, and with --kv-events
 publishes KV-cache events (ZMQ PUB, topic "kv-events", frames [topic, seq, msgpack])
-on port KV_PORT_BASE+i. Faults at run time:
+on port KV_PORT_BASE+i. Engine time runs --speedup times faster than wall time; the
+latencies in /metrics are wall seconds. Differences from vLLM: one prompt per request
+(a batch of more is a 400), n=1, sampling parameters ignored, output always ends by
+length (default max_tokens 16, also for chat). Faults at run time:
   curl -X POST localhost:8001/sim/faults -d '{"error": 503}'      # or hang, slow, drop,
   curl -X POST localhost:8001/sim/faults -d '{"drop": 3}'         #    unhealthy
   curl localhost:8001/sim/faults;  curl -X DELETE localhost:8001/sim/faults

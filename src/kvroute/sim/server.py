@@ -157,8 +157,6 @@ class SimBackend:
 
     async def start(self) -> None:
         """Serve HTTP on ``host:port`` (port 0: a free one, stored in ``self.port``)."""
-        from kvroute.sim.api import make_sim_app
-
         self._runner = web.AppRunner(make_sim_app(self), handler_cancellation=True, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port, backlog=1024)
@@ -284,6 +282,13 @@ class SimBackend:
             if out.finish_reason is not None:
                 del streams[out.request_id]
                 self._seeds.pop(out.request_id, None)
+
+
+def make_sim_app(backend: SimBackend) -> web.Application:
+    """The aiohttp app serving ``backend`` (defined in sim/api.py; re-exported here)."""
+    from kvroute.sim.api import make_sim_app as make
+
+    return make(backend)
 
 
 @dataclass
