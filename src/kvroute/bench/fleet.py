@@ -109,6 +109,7 @@ def _empty_row(key: str) -> dict[str, Any]:
         "prefix_cache_hits": None,
         "engine_prefix_hit_rate": None,
         "prefill_tokens": None,
+        "engine_prompt_tokens": None,
     }
 
 
@@ -124,6 +125,7 @@ def fleet_results(
             prefix_cache_hits=delta.hits,
             engine_prefix_hit_rate=delta.hit_rate,
             prefill_tokens=delta.prefill_tokens,
+            engine_prompt_tokens=delta.prompt_tokens,
         )
     if deltas:
         imbalance = load_imbalance(d.prefill_tokens for d in deltas.values())

@@ -101,7 +101,7 @@ async def send_request(
                 await _read_stream(resp, m, itl)
     except asyncio.TimeoutError:
         m.error = f"timeout after {timeout_s:g} s"
-    except aiohttp.ClientError as exc:
+    except (aiohttp.ClientError, OSError) as exc:
         m.error = f"{type(exc).__name__}: {exc}"
     end = time.perf_counter()
     if m.error is None and m.ttft_s is None:
