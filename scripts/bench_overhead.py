@@ -89,6 +89,13 @@ async def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float =
     raise RuntimeError(f"{url} not ready after {timeout_s} s")
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -163,18 +170,24 @@ async def run(args: argparse.Namespace) -> None:
             rows = []
             for name, url in (("direct", backend_url), ("router", router_url)):
                 seq = await sequential(url, body, args.requests)
+                cpu0 = cpu_seconds(rproc.pid), cpu_seconds(bproc.pid)
                 rps, p50c = await concurrent(url, body, args.concurrency, args.duration)
-                rows.append((name, _pct(seq, 0.5), _pct(seq, 0.99), rps, p50c))
+                cpu1 = cpu_seconds(rproc.pid), cpu_seconds(bproc.pid)
+                n = rps * args.duration
+                cpu_us = [(b - a) / n * 1e6 for a, b in zip(cpu0, cpu1, strict=True)]
+                rows.append((name, _pct(seq, 0.5), _pct(seq, 0.99), rps, p50c, *cpu_us))
     kind = "minimal aiohttp" if args.minimal else "sim instant"
     print(f"backend: {kind}; policy {args.policy}; prompt {len(prompt)} chars; "
           f"{args.requests} sequential, {args.concurrency} workers x {args.duration:g} s; "
           f"{os.cpu_count()} CPUs shared by client, router and backend")  # fmt: skip
-    print(f"{'path':8} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>9} {'p50 ms @C':>10}")
-    for name, p50, p99, rps, p50c in rows:
-        print(f"{name:8} {p50:8.3f} {p99:8.3f} {rps:9.0f} {p50c:10.2f}")
+    print(f"{'path':8} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>9} {'p50 ms @C':>10} "
+          f"{'router CPU us/req':>18} {'backend CPU us/req':>19}")  # fmt: skip
+    for name, p50, p99, rps, p50c, r_cpu, b_cpu in rows:
+        print(f"{name:8} {p50:8.3f} {p99:8.3f} {rps:9.0f} {p50c:10.2f} {r_cpu:18.0f} {b_cpu:19.0f}")
     d, r = rows
     print(f"added latency p50 {r[1] - d[1]:.3f} ms, p99 {r[2] - d[2]:.3f} ms; "
-          f"router throughput {r[3]:.0f} req/s ({100 * r[3] / d[3]:.0f} % of direct)")  # fmt: skip
+          f"router throughput {r[3]:.0f} req/s ({100 * r[3] / d[3]:.0f} % of direct); "
+          f"router CPU {r[5]:.0f} us/req (<= {1e6 / r[5]:.0f} req/s on a free core)")  # fmt: skip
 
 
 def main() -> None:

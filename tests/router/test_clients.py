@@ -86,3 +86,15 @@ def test_x_forwarded_for_trusted_only_from_configured_proxies() -> None:
     assert client_address("10.0.0.5", "6.6.6.6, 9.9.9.9, 10.0.0.7", trusted) == "9.9.9.9"
     # no trusted proxies configured: never believed
     assert client_address("10.0.0.5", "9.9.9.9", ()) == "10.0.0.5"
+
+
+async def test_forwarded_for_sent_upstream_only_trusted(harness: Harness) -> None:
+    import ipaddress
+
+    b = await harness.backend("a")
+    client = await harness.router([b.url])
+    await client.post("/v1/completions", data=BODY, headers={"X-Forwarded-For": "6.6.6.6"})
+    assert b.state.requests[-1]["headers"]["X-Forwarded-For"] == "127.0.0.1"  # spoof dropped
+    trusting = await harness.router([b.url], trusted_proxies=(ipaddress.ip_network("127.0.0.0/8"),))
+    await trusting.post("/v1/completions", data=BODY, headers={"X-Forwarded-For": "9.9.9.9"})
+    assert b.state.requests[-1]["headers"]["X-Forwarded-For"] == "9.9.9.9, 127.0.0.1"

@@ -139,6 +139,7 @@ def make_session(config: RouterConfig) -> aiohttp.ClientSession:
         timeout=aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect_s),
         auto_decompress=False,
         skip_auto_headers=("User-Agent",),
+        cookie_jar=aiohttp.DummyCookieJar(),  # a proxy keeps no cookies (and skips the work)
     )
 
 

@@ -98,16 +98,17 @@ def client_address(
     Walks the header right to left while the current hop is a trusted proxy; the first
     untrusted address is the client.
     """
-    if not trusted or not forwarded_for or peer is None or not _is_trusted(peer, trusted):
+    if not trusted or not forwarded_for or peer is None or not is_trusted(peer, trusted):
         return peer
     hops = [h.strip() for h in forwarded_for.split(",") if h.strip()]
     current = peer
-    while hops and _is_trusted(current, trusted):
+    while hops and is_trusted(current, trusted):
         current = hops.pop()
     return current
 
 
-def _is_trusted(addr: str, trusted: Sequence[IpNetwork]) -> bool:
+def is_trusted(addr: str, trusted: Sequence[IpNetwork]) -> bool:
+    """Whether ``addr`` lies in one of the ``trusted`` proxy networks."""
     try:
         ip = ipaddress.ip_address(addr)
     except ValueError:

@@ -10,12 +10,14 @@ After the first byte nothing is retried: a broken stream ends with an SSE error 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 
 from aiohttp import web
 
 from kvroute.core.keys import prompt_block_hashes
 from kvroute.core.policy.base import Decision, RouteRequest
+from kvroute.router.clients import client_address, is_trusted
 from kvroute.router.errors import (
     BadRequest,
     KvrouteError,
@@ -28,6 +30,7 @@ from kvroute.router.request import parse_completion
 from kvroute.router.state import NOTE, STATE, RouterState
 from kvroute.router.upstream import AttemptFailed, open_upstream
 
+log = logging.getLogger("kvroute.router.requests")
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
 
@@ -87,6 +90,11 @@ def _route_request(
         raise ModelNotFound(f"the model '{model}' does not exist on any backend")
     rid = request.headers.get("x-request-id") or new_request_id()
     request[NOTE].request_id = rid
+    if state.config.log_prompts:  # off by default: prompts are private
+        client = client_address(
+            request.remote, request.headers.get("X-Forwarded-For"), state.config.trusted_proxies
+        )
+        log.info("request %s from %s model %s prompt %r", rid, client, model, parsed.prompt)
     hashes = prompt_block_hashes(parsed.prompt, state.fleet.block_size_for(model))
     route_req = RouteRequest(
         request_id=rid,
@@ -116,7 +124,9 @@ def _upstream_headers(state: RouterState, request: web.Request, url: str) -> dic
         headers["Accept"] = accept
     peer = request.remote
     if peer:
-        xff = h.get("X-Forwarded-For") if state.config.trusted_proxies else None
+        # a client's own X-Forwarded-For is dropped unless it came through a trusted proxy
+        trusted = state.config.trusted_proxies
+        xff = h.get("X-Forwarded-For") if trusted and is_trusted(peer, trusted) else None
         headers["X-Forwarded-For"] = f"{xff}, {peer}" if xff else peer
     return headers
 
