@@ -102,3 +102,25 @@ async def test_sim_faults_fail_over_and_midstream_drop(
     text = await r.text()
     assert r.status == 200
     assert '"error"' in text and text.endswith("data: [DONE]\n\n")
+
+
+async def test_prefix_policy_sticks_to_the_cache_holder(sim: SimFleet) -> None:
+    client = TestClient(
+        TestServer(make_app(router_config(sim.urls, policy="prefix")), host="127.0.0.1")
+    )
+    await client.start_server()
+    try:
+        seen, reasons = set(), []
+        for i in range(4):
+            body = {"prompt": PROMPT + f" question {i}", "max_tokens": 2}
+            r = await client.post("/v1/completions", json=body)
+            assert r.status == 200
+            seen.add(r.headers["x-kvroute-backend"])
+            reasons.append(r.headers["x-kvroute-decision"])
+        assert len(seen) == 1  # the shared prefix keeps them on one replica
+        assert reasons[-1] == "prefix"
+        text = await (await client.get("/metrics")).text()
+        assert "kvroute_backend_predicted_hit_rate" in text
+    finally:
+        assert_no_load(client.app[STATE])  # type: ignore[index]
+        await client.close()
