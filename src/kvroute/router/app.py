@@ -11,13 +11,13 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
 
 import aiohttp
 import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from kvroute.core.fleet import Fleet
 from kvroute.router import admin
 from kvroute.router.backends import Backends
 from kvroute.router.clients import ClientGate
@@ -45,9 +45,8 @@ _HTTP_ERRORS = {
 _UNCOUNTED_PATHS = frozenset({"/health", "/metrics", "/"})
 
 
-def build_fleet(policy: str) -> Any:
+def build_fleet(policy: str) -> Fleet:
     """The core Fleet with the named policy (ValueError lists the known names)."""
-    from kvroute.core.fleet import Fleet
     from kvroute.core.policy import make_policy
 
     return Fleet(make_policy(policy))
@@ -58,7 +57,7 @@ def make_app(
     *,
     clock: Callable[[], float] = time.monotonic,
     session: aiohttp.ClientSession | None = None,
-    fleet: Any = None,
+    fleet: Fleet | None = None,
 ) -> web.Application:
     """The router app. ``session``: an upstream pool to use (else one is made and closed)."""
     fleet = fleet if fleet is not None else build_fleet(config.policy)

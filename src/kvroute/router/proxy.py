@@ -168,6 +168,9 @@ async def _forward(
             note.backend, note.reason = url, decision.reason
             ok, response = await relay(state, request, resp, ticket, decision, deadline)
             return response
+        except asyncio.CancelledError:
+            ok = True  # the client went away; the backend did not fail
+            raise
         finally:
             fleet.finish(ticket, clock(), ok)
     raise _final_error(state, req, tried, last)

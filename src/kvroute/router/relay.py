@@ -17,6 +17,7 @@ import aiohttp
 import msgspec
 from aiohttp import web
 
+from kvroute.core.load import Ticket
 from kvroute.core.policy.base import Decision
 from kvroute.router.errors import BackendFailed, BackendTimeout
 from kvroute.router.state import NOTE, RouterState
@@ -38,11 +39,15 @@ async def relay(
     state: RouterState,
     request: web.Request,
     resp: aiohttp.ClientResponse,
-    ticket: Any,
+    ticket: Ticket,
     decision: Decision,
     deadline: float,
 ) -> tuple[bool, web.StreamResponse]:
-    """(ok, the response sent or to send); closes ``resp`` whatever happens."""
+    """(ok, the response sent or to send); closes ``resp`` whatever happens.
+
+    ``ok`` is False only when the backend failed (cut or stalled body); a 4xx answer or a
+    client that went away is ok for the backend's accounting.
+    """
     try:
         headers = _headers(resp, decision.backend, decision.reason, request[NOTE].request_id)
         if resp.content_type == "text/event-stream":
@@ -56,7 +61,7 @@ async def _relay_whole(
     state: RouterState,
     request: web.Request,
     resp: aiohttp.ClientResponse,
-    ticket: Any,
+    ticket: Ticket,
     headers: dict[str, str],
     deadline: float,
 ) -> tuple[bool, web.StreamResponse]:
@@ -73,7 +78,7 @@ async def _relay_whole(
     now = state.clock()
     state.fleet.on_first_token(ticket, now, _cached_tokens(body))
     state.metrics.of(url).ttft.observe(now - request[NOTE].t0)
-    return resp.status < 400, web.Response(body=body, status=resp.status, headers=headers)
+    return True, web.Response(body=body, status=resp.status, headers=headers)
 
 
 def _cached_tokens(body: bytes) -> int | None:
@@ -92,7 +97,7 @@ async def _relay_stream(
     state: RouterState,
     request: web.Request,
     resp: aiohttp.ClientResponse,
-    ticket: Any,
+    ticket: Ticket,
     headers: dict[str, str],
     deadline: float,
 ) -> tuple[bool, web.StreamResponse]:
@@ -124,14 +129,14 @@ async def _relay_stream(
                 tail = chunk[-2:]
     except ClientGone:
         state.metrics.client_disconnects.inc()
-        return False, out  # resp.close() in relay() cancels the upstream request
+        return True, out  # the backend did not fail; resp.close() in relay() cancels it
     except (TimeoutError, aiohttp.ClientError, OSError) as exc:
         state.backends.record_failure(url, f"mid-stream: {type(exc).__name__}")
         state.metrics.midstream_failures.labels(url).inc()
         await _write_sse_error(out, exc, tail)
         return False, out
     await out.write_eof()
-    return resp.status < 400, out
+    return True, out
 
 
 class ClientGone(Exception):

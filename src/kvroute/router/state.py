@@ -10,6 +10,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from kvroute.core.fleet import Fleet
 from kvroute.router.backends import Backends
 from kvroute.router.clients import ClientGate
 from kvroute.router.config import RouterConfig
@@ -22,7 +23,7 @@ class RouterState:
 
     config: RouterConfig
     clock: Callable[[], float]  # monotonic seconds; the Fleet, breakers and limits use it
-    fleet: Any  # kvroute.core.fleet.Fleet
+    fleet: Fleet  # the core: backends, index, load, policy
     backends: Backends
     gate: ClientGate
     metrics: RouterMetrics
