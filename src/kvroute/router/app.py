@@ -41,7 +41,7 @@ _HTTP_ERRORS = {
 }
 
 
-# probes and scrapes are not API requests
+# probes, scrapes and admin calls are not API requests
 _UNCOUNTED_PATHS = frozenset({"/health", "/metrics", "/"})
 
 
@@ -179,7 +179,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         log.exception("unhandled error on %s %s", request.method, request.path)
         return _error_response(500, "internal router error", "internal_error", "internal_error")
     finally:
-        if request.path not in _UNCOUNTED_PATHS:
+        if request.path not in _UNCOUNTED_PATHS and not request.path.startswith("/admin/"):
             state.metrics.count_request(status, note.backend, note.reason)
             if note.backend:
                 state.metrics.of(note.backend).e2e.observe(state.clock() - note.t0)
