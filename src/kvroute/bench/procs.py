@@ -121,6 +121,11 @@ class ManagedProcess:
         )
 
     @property
+    def pid(self) -> int | None:
+        """The child's pid (also its process group id), once started."""
+        return None if self._proc is None else self._proc.pid
+
+    @property
     def returncode(self) -> int | None:
         return None if self._proc is None else self._proc.returncode
 

@@ -1,0 +1,160 @@
+"""``kvroute compare``: one workload against several routers, each on a fresh simulated fleet.
+
+Example: ``kvroute compare --workload ranvier-stress --backends 8 --profile
+codellama-13b-a100-40g --routers round_robin,kvroute,sglang --duration 120 --speedup 4``.
+
+Router names: round_robin, least_load, power_of_two, consistent_hash, random (kvroute's
+own policies), kvroute (the prefix policy), kvroute:<policy>, sglang (sglang-router,
+cache_aware), vllm-router (cache_aware); the peers come with ``pip install '.[peers]'``
+and are reported as skipped when missing.
+
+Outputs in --out: compare.json (router -> result.json, or {"skipped"|"error": why}),
+compare.txt (the table), compare_ttft_cdf.png, compare_bars.png, one folder per router
+(result.json, records.jsonl, plots) and logs/ (each process's output). With --speedup X
+the engines run X times faster and the client's think times and arrival gaps are divided
+by X, so the load keeps its shape; reported times are wall-clock (engine time = X x wall).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+from pathlib import Path
+from typing import Any
+
+from kvroute.bench.compare import CompareConfig, RouterOutcome, run_compare
+from kvroute.bench.compare_report import format_table, header_for, write_compare
+from kvroute.bench.workloads import WORKLOAD_NAMES
+
+
+def _pair(text: str) -> tuple[float, float]:
+    lo, _, hi = text.partition(",")
+    return float(lo), float(hi or lo)
+
+
+def _routers(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def add_run_options(p: argparse.ArgumentParser, *, out_help: str) -> None:
+    """Options shared by ``compare`` and ``demo`` (defaults are set by each command)."""
+    p.add_argument("--backends", type=int, help="simulated engines per fleet")
+    p.add_argument("--profile", help="engine profile of the simulated fleet")
+    p.add_argument("--routers", type=_routers, help="comma-separated router names")
+    p.add_argument("--speedup", type=float, help="engines run X times faster than real time")
+    p.add_argument("--seed", type=int, default=0, help="workload, load and engine seed")
+    p.add_argument(
+        "--workload-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a workload parameter (repeatable)",
+    )
+    p.add_argument("--concurrency", type=int, help="closed loop with N users")
+    p.add_argument("--think-time", type=_pair, help="closed loop think time A,B (engine s)")
+    bound = p.add_mutually_exclusive_group()
+    bound.add_argument("--duration", type=float, help="wall seconds of measured sending")
+    bound.add_argument("--num-requests", type=int, help="measured requests per router")
+    p.add_argument("--num-warmup", type=int, help="requests left out of the metrics")
+    p.add_argument(
+        "--sim-arg", action="append", default=[], metavar="ARG", help="extra `kvroute sim` arg"
+    )
+    p.add_argument("--out", help=out_help)
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--startup-timeout", type=float, default=60.0, help="seconds per process")
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "compare",
+        help="the same workload against several routers, each on a fresh simulated fleet",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--workload", required=True, help=f"one of: {', '.join(WORKLOAD_NAMES)} (or mooncake)"
+    )
+    p.add_argument("--trace", help="trace file for plain 'mooncake'")
+    add_run_options(p, out_help="output folder (default runs/compare-<time>)")
+    p.set_defaults(
+        func=main,
+        backends=8,
+        profile="codellama-13b-a100-40g",
+        routers=("round_robin", "kvroute"),
+        speedup=1.0,
+    )
+    return p
+
+
+def config_from_args(args: argparse.Namespace, out: Path) -> CompareConfig:
+    """The CompareConfig the options describe; ValueError for bad values."""
+    overrides = dict(kv.split("=", 1) for kv in args.workload_arg if "=" in kv)
+    if len(overrides) != len(args.workload_arg):
+        raise ValueError("--workload-arg takes KEY=VALUE")
+    load: dict[str, Any] = {}
+    if args.concurrency is not None:
+        load.update(mode="closed", num_users=args.concurrency)
+    if args.think_time is not None:
+        load["think_time_s"] = args.think_time
+    if args.duration is not None:
+        load["duration_s"] = args.duration
+    if args.num_requests is not None:
+        load["num_requests"] = args.num_requests
+    if args.num_warmup is not None:
+        load["num_warmup"] = args.num_warmup
+    return CompareConfig(
+        workload=args.workload,
+        routers=tuple(args.routers),
+        num_backends=args.backends,
+        profile=args.profile,
+        speedup=args.speedup,
+        seed=args.seed,
+        workload_overrides=overrides,
+        load_overrides=load,
+        trace_path=getattr(args, "trace", None),
+        sim_args=tuple(args.sim_arg),
+        log_dir=out / "logs",
+        startup_timeout_s=args.startup_timeout,
+        progress=not args.quiet,
+    )
+
+
+def default_out(prefix: str) -> Path:
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{prefix}-{stamp}"
+
+
+def run_and_report(args: argparse.Namespace, out: Path, command: str) -> int:
+    """Run the comparison the options describe, print the table, write the outputs."""
+    try:
+        config = config_from_args(args, out)
+    except ValueError as exc:
+        print(f"kvroute {command}: {exc}", file=sys.stderr)
+        return 2
+
+    def notify(line: str) -> None:
+        print(f"kvroute {command}: {line}", file=sys.stderr)
+
+    try:
+        outcomes = run_compare(config, notify)
+    except ValueError as exc:  # a bad workload name or parameter, found before any run
+        print(f"kvroute {command}: {exc}", file=sys.stderr)
+        return 2
+    return report(outcomes, out, plots=not args.no_plots)
+
+
+def report(outcomes: dict[str, RouterOutcome], out: Path, *, plots: bool) -> int:
+    print()
+    print(format_table(outcomes, header_for(outcomes)))
+    paths = write_compare(outcomes, out, plots=plots)
+    print(f"\nwrote {out}/: " + ", ".join(p.name for p in paths.values()))
+    ran = [o for o in outcomes.values() if o.skipped is None]
+    ok = all(o.bench is not None and o.bench.result["completed"] > 0 for o in ran)
+    return 0 if ran and ok else 1
+
+
+def main(args: argparse.Namespace) -> int:
+    out = Path(args.out) if args.out else default_out("compare")
+    return run_and_report(args, out, "compare")

@@ -1,0 +1,63 @@
+"""Plots overlaying the routers of one comparison (matplotlib Agg, no display)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from kvroute.bench.compare import RouterOutcome
+from kvroute.bench.metrics import measured
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    FigureCanvasAgg(fig)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def plot_ttft_cdfs(outcomes: Mapping[str, RouterOutcome], path: Path, title: str = "") -> Path:
+    """One TTFT CDF line per router (measured, successful requests; log x axis)."""
+    fig = Figure(figsize=(8, 5))
+    ax = fig.subplots()
+    for name, outcome in outcomes.items():
+        if outcome.bench is None:
+            continue
+        ttft_ms = np.sort(
+            [r.ttft_s * 1000 for r in measured(outcome.bench.records) if r.ok and r.ttft_s]
+        )
+        if ttft_ms.size:
+            ax.plot(ttft_ms, np.arange(1, ttft_ms.size + 1) / ttft_ms.size, label=name)
+    ax.axhline(0.99, ls=":", color="grey")
+    ax.set(xlabel="TTFT (ms, wall)", ylabel="fraction of requests", ylim=(0, 1.01))
+    ax.set_xscale("log")
+    ax.set_title(title or "TTFT CDF per router", fontsize=9)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_bars(outcomes: Mapping[str, RouterOutcome], path: Path, title: str = "") -> Path:
+    """Engine hit rate, P99 TTFT and request throughput, one bar per router."""
+    done = {n: o.bench.result for n, o in outcomes.items() if o.bench is not None}
+    names = list(done)
+    x = np.arange(len(names))
+    panels = (
+        ("engine prefix hit rate (%)", "engine_prefix_hit_rate", 100.0),
+        ("P99 TTFT (ms, wall)", "p99_ttft_ms", 1.0),
+        ("throughput (req/s)", "request_throughput", 1.0),
+    )
+    fig = Figure(figsize=(max(9, 1.6 * len(names) + 5), 4))
+    for ax, (label, key, factor) in zip(fig.subplots(1, len(panels)), panels, strict=True):
+        values = [(done[n].get(key) or 0.0) * factor for n in names]
+        ax.bar(x, values, color=[f"C{i}" for i in range(len(names))])
+        ax.set_title(label, fontsize=9)
+        ax.set_xticks(x, names, rotation=30, ha="right", fontsize=8)
+        for xi, v in zip(x, values, strict=True):
+            ax.text(xi, v, f"{v:.3g}", ha="center", va="bottom", fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    return _save(fig, path)

@@ -1,0 +1,146 @@
+"""The comparison's outputs: one side-by-side table, compare.json, and overlay plots.
+
+Ratios are taken against round-robin (``BASELINE``): relative change in % for latencies,
+throughputs and imbalance; a difference in percentage points (pp) for the two rates.
+Times are what the client measured, in wall-clock milliseconds; with ``--speedup X``
+the engines ran X times faster than real time, so engine time = X x wall (the header
+says so).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvroute.bench.compare import BASELINE, RouterOutcome, safe_name
+from kvroute.bench.report import jsonable, write_outputs
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    """One numeric column of the table."""
+
+    title: str  # header text
+    key: str  # result.json key
+    kind: str  # "rate" (0..1, shown in %, compared in pp), "rel" (compared in %), "count"
+    spec: str  # format of the value
+
+
+COLUMNS = (
+    Column("engine hit", "engine_prefix_hit_rate", "rate", ".1f"),
+    Column("stickiness", "router_stickiness", "rate", ".1f"),
+    Column("P50 TTFT ms", "median_ttft_ms", "rel", ".0f"),
+    Column("P99 TTFT ms", "p99_ttft_ms", "rel", ".0f"),
+    Column("req/s", "request_throughput", "rel", ".2f"),
+    Column("out tok/s", "output_throughput", "rel", ".0f"),
+    Column("imbalance", "backend_load_imbalance", "rel", ".2f"),
+    Column("failed", "failed", "count", "d"),
+)
+
+
+def change(value: float | None, base: float | None, kind: str) -> str:
+    """``value`` against ``base``: "+85.4 pp" for rates, "-85 %" otherwise; "" if undefined."""
+    if value is None or base is None or kind == "count":
+        return ""
+    if kind == "rate":
+        return f"{100.0 * (value - base):+.1f} pp"
+    if base == 0:
+        return ""
+    return f"{100.0 * (value - base) / base:+.0f} %"
+
+
+def _cell(result: Mapping[str, Any], base: Mapping[str, Any] | None, col: Column) -> str:
+    value = result.get(col.key)
+    if value is None:
+        return "n/a"
+    shown = 100.0 * value if col.kind == "rate" else value
+    text = format(shown, col.spec) + (" %" if col.kind == "rate" else "")
+    if base is not None and base is not result:
+        delta = change(value, base.get(col.key), col.kind)
+        if delta:
+            text += f" ({delta})"
+    return text
+
+
+def table_rows(outcomes: Mapping[str, RouterOutcome]) -> list[list[str]]:
+    """Header row, then one row per router (skipped and failed ones say why)."""
+    base_outcome = outcomes.get(BASELINE)
+    base = base_outcome.bench.result if base_outcome and base_outcome.bench else None
+    rows = [["router", *(c.title for c in COLUMNS)]]
+    for name, outcome in outcomes.items():
+        if outcome.bench is not None:
+            rows.append([name, *(_cell(outcome.bench.result, base, c) for c in COLUMNS)])
+        else:
+            why = f"skipped: {outcome.skipped}" if outcome.skipped else f"failed: {outcome.error}"
+            rows.append([name, why.splitlines()[0]])
+    return rows
+
+
+def format_table(outcomes: Mapping[str, RouterOutcome], header: str = "") -> str:
+    """The side-by-side table as plain text (also written to compare.txt)."""
+    rows = table_rows(outcomes)
+    full = [r for r in rows if len(r) == len(rows[0])]
+    widths = [max(len(r[i]) for r in full) for i in range(len(rows[0]))]
+    widths[0] = max(len(r[0]) for r in rows)
+    lines = [header] if header else []
+    for row in rows:
+        if len(row) == len(widths):
+            cells = [row[0].ljust(widths[0])]
+            cells += [cell.rjust(w) for cell, w in zip(row[1:], widths[1:], strict=True)]
+            lines.append("  ".join(cells))
+        else:
+            lines.append(f"{row[0].ljust(widths[0])}  {row[1]}")
+        if row is rows[0]:
+            lines.append("-" * len(lines[-1]))
+    if BASELINE in outcomes:
+        lines.append(f"(in brackets: change vs {BASELINE}; pp = percentage points)")
+    return "\n".join(lines)
+
+
+def describe_run(config: Mapping[str, Any]) -> str:
+    """The table's header line from a result's ``config`` and ``workload``."""
+    speedup = config.get("speedup", 1.0)
+    clock = (
+        "times are wall-clock"
+        if speedup == 1
+        else f"engines at speedup {speedup:g}: times are wall-clock (engine time = {speedup:g} x)"
+    )
+    load = config.get("load", {})
+    users = f", {load['num_users']} users" if load.get("mode") == "closed" else ""
+    return (
+        f"{config.get('num_backends')} x {config.get('profile')}{users}, "
+        f"seed {config.get('seed')}; {clock}"
+    )
+
+
+def header_for(outcomes: Mapping[str, RouterOutcome]) -> str:
+    for outcome in outcomes.values():
+        if outcome.bench is not None:
+            result = outcome.bench.result
+            return f"{result['workload']['name']} on {describe_run(result['config'])}"
+    return ""
+
+
+def write_compare(
+    outcomes: Mapping[str, RouterOutcome], out_dir: str | Path, *, plots: bool = True
+) -> dict[str, Path]:
+    """compare.json, compare.txt, each router's own outputs in a subfolder, and the plots."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"compare": out / "compare.json", "table": out / "compare.txt"}
+    data = {name: o.to_json() for name, o in outcomes.items()}
+    paths["compare"].write_text(json.dumps(jsonable(data), indent=2, allow_nan=False) + "\n")
+    paths["table"].write_text(format_table(outcomes, header_for(outcomes)) + "\n")
+    for name, outcome in outcomes.items():
+        if outcome.bench is not None:
+            write_outputs(outcome.bench, out / safe_name(name), plots=plots)
+    if plots and any(o.bench is not None for o in outcomes.values()):
+        from kvroute.bench.compare_plots import plot_bars, plot_ttft_cdfs
+
+        title = header_for(outcomes)
+        paths["ttft_cdf"] = plot_ttft_cdfs(outcomes, out / "compare_ttft_cdf.png", title)
+        paths["bars"] = plot_bars(outcomes, out / "compare_bars.png", title)
+    return paths
