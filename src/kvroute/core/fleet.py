@@ -1,7 +1,9 @@
 """The Fleet: the one object the live proxy, the discrete-event simulator and the tests drive.
 
 It owns the backends (membership, health, models), the prefix index, the load counters,
-the learned prefill rates and the policy. The caller's loop per request is:
+the learned prefill rates and the policy. In exact mode it also follows each engine's KV
+event stream (``apply_kv_batch``; core/kv_sync.py) and credits a dispatch speculatively
+until the engine's events confirm it. The caller's loop per request is:
 ``route`` (a Decision, or None when no backend is eligible) -> ``dispatch`` (a Ticket:
 load counted, blocks recorded in the index) -> ``on_first_token`` (prefill done; the
 rate learns) -> ``finish`` (load released, exactly once). Scraped engine metrics come in
@@ -21,8 +23,10 @@ import xxhash
 
 from kvroute.core.cost import CostConfig, PrefillRate, estimate_ttft_s, work_tokens
 from kvroute.core.index import LruCacheModel, PrefixIndex
+from kvroute.core.kv_sync import MODES, ExactSync, KvOutcome
 from kvroute.core.load import BackendLoad, Ticket
 from kvroute.core.policy.base import Decision, LoadView, Policy, RouteRequest
+from kvroute.engine.kv_events import BlockStored, KvEvent
 
 _ALL = "\x00all"  # load-order group of every orderable backend
 _WILD = "\x00wild"  # group of backends whose model list is unknown (serve any model)
@@ -36,8 +40,17 @@ class FleetConfig:
     default_capacity_blocks: int = 8192  # cache-model size until num_gpu_blocks is scraped
     max_index_entries: int = 2_000_000  # hard cap on (block, backend) entries (~150-300 B each)
     cost: CostConfig = field(default_factory=CostConfig)  # TTFT estimate and rate learning
+    # "approximate": text keys, LRU models fed by dispatches; "exact": token keys, each
+    # backend's view from its KV events while its stream is synced (LRU fallback
+    # otherwise); "auto": token keys for a model only while one of its backends is synced
+    mode: str = "approximate"
+    speculative_ttl_s: float = 3.0  # exact mode: unconfirmed dispatch credit lives this long
 
     def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"fleet.mode: must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if not self.speculative_ttl_s >= 0:
+            raise ValueError("fleet.speculative_ttl_s: must be >= 0")
         if self.default_block_size < 1:
             raise ValueError("fleet.default_block_size: must be >= 1")
         if self.default_capacity_blocks < 1:
@@ -74,6 +87,13 @@ class BackendState:
     engine_query_tokens: int  # delta of vllm:prefix_cache_queries_total since first scrape
     num_dispatched: int  # requests dispatched
     num_failed: int  # requests finished with ok=False
+    mode: str = "approximate"  # this backend's view: "exact" (KV events) or "approximate"
+    kv_last_seq: int | None = None  # last applied KV event batch number (None: none yet)
+    kv_lag_s: float | None = None  # receive time - engine timestamp of that batch
+    kv_num_gaps: int = 0  # sequence gaps found in its event stream
+    kv_num_restarts: int = 0  # engine restarts seen in its event stream
+    kv_num_events: int = 0  # KV events applied
+    speculative_blocks: int = 0  # exact mode: dispatched keys not yet confirmed by events
 
 
 class _Backend:
@@ -211,6 +231,8 @@ class Fleet:
         self._next_ticket = 0
         self._model_to_eligible: dict[str | None, tuple[str, ...]] = {}  # cache
         self._model_to_block_size: dict[str | None, int] = {}  # cache
+        self._model_to_key_kind: dict[str | None, str] = {}  # cache
+        self.sync = ExactSync(self.index, self.config.mode, self.config.speculative_ttl_s)
 
     # -- membership --------------------------------------------------------------------
 
@@ -224,6 +246,7 @@ class Fleet:
         b = _Backend(url, self._next_epoch, models, float(weight), self.config.cost)
         self._backends[url] = b
         self.index.add_backend(url, LruCacheModel(self.config.default_capacity_blocks))
+        self.sync.add_backend(url)
         self._membership_changed(b)
 
     def remove_backend(self, url: str) -> None:
@@ -232,6 +255,7 @@ class Fleet:
         if b is None:
             return
         self.index.remove_backend(url)
+        self.sync.remove_backend(url)
         self._order.discard(url)
         self._invalidate()
         self.policy.on_backend_removed(url)
@@ -273,6 +297,7 @@ class Fleet:
     def _invalidate(self) -> None:
         self._model_to_eligible.clear()
         self._model_to_block_size.clear()
+        self._model_to_key_kind.clear()
 
     def _reorder(self, b: _Backend) -> None:
         if b.is_orderable:
@@ -346,6 +371,7 @@ class Fleet:
 
     def route(self, req: RouteRequest, now: float, exclude: Iterable[str] = ()) -> Decision | None:
         """The policy's decision for ``req`` among eligible backends not in ``exclude``."""
+        self.sync.expire(now)
         view = _View(self, req.model, frozenset(exclude), self.block_size_for(req.model))
         if not self._order.url_to_entry:
             return None
@@ -354,6 +380,7 @@ class Fleet:
     def dispatch(self, decision: Decision, req: RouteRequest, now: float) -> Ticket:
         """Commit to ``decision.backend``: count the load, record the prompt's blocks there."""
         b = self._get(decision.backend)
+        self.sync.expire(now)
         cached = self.predicted_cached_tokens(b.url, req)
         self._next_ticket += 1
         ticket = Ticket(
@@ -373,7 +400,8 @@ class Fleet:
         b.predicted[0] += cached
         b.predicted[1] += req.num_prompt_tokens
         b.num_dispatched += 1
-        self.index.insert(b.url, req.block_hashes)
+        if not self.sync.speculate(b.url, ticket.ticket_id, req.block_hashes, now):
+            self.index.insert(b.url, req.block_hashes)
         self._reorder(b)
         self.policy.on_routed(decision, req, now)
         return ticket
@@ -423,6 +451,8 @@ class Fleet:
             return
         ticket.is_finished = True
         ticket.ok = ok
+        if not ok:
+            self.sync.withdraw(ticket.ticket_id)  # the engine will not cache its blocks
         b = self._live(ticket)
         if b is None:
             return
@@ -437,12 +467,78 @@ class Fleet:
         b = self._backends.get(ticket.url)
         return b if b is not None and b.epoch == ticket.epoch else None
 
+    # -- exact mode: KV events ---------------------------------------------------------
+
+    def key_kind_for(self, model: str | None) -> str:
+        """ "tokens" when ``model``'s requests need token keys (token_block_hashes over the
+        engine's token ids), else "text" (prompt_block_hashes); the proxy asks per request."""
+        kind = self._model_to_key_kind.get(model)
+        if kind is None:
+            mode = self.config.mode
+            synced = any(self.sync.is_exact(u) for u in self._eligible(model))
+            kind = "tokens" if mode == "exact" or (mode == "auto" and synced) else "text"
+            self._model_to_key_kind[model] = kind
+        return kind
+
+    def is_exact(self, url: str) -> bool:
+        """True while ``url``'s view comes from its KV events."""
+        return self.sync.is_exact(url)
+
+    def apply_kv_batch(
+        self,
+        url: str,
+        seq: int,
+        ts: float,
+        events: Sequence[KvEvent],
+        now: float,
+        *,
+        lag_s: float | None = None,
+    ) -> KvOutcome:
+        """One decoded KV event batch of ``url`` (publisher sequence number ``seq``, engine
+        timestamp ``ts``). On GAP nothing is applied: replay from ``kv_next_seq(url)`` and
+        feed those batches here, then call ``kv_gap_unfilled`` if the gap remains."""
+        b = self._backends.get(url)
+        if b is None:
+            return KvOutcome.UNKNOWN
+        self.sync.expire(now)
+        if b.block_size is None:
+            sizes = [e.block_size for e in events if isinstance(e, BlockStored)]
+            if sizes and sizes[0] >= 1:
+                b.block_size = sizes[0]
+                self._invalidate()
+        was_exact = self.sync.is_exact(url)
+        outcome = self.sync.apply_batch(url, seq, ts, events, lag_s)
+        if self.sync.is_exact(url) != was_exact:
+            self._invalidate()
+        return outcome
+
+    def kv_next_seq(self, url: str) -> int | None:
+        """The batch number ``url``'s stream needs next (None: unknown backend)."""
+        s = self.sync.url_to_stream.get(url)
+        return s.next_seq if s is not None else None
+
+    def kv_history_empty(self, url: str) -> None:
+        """A replay from 0 returned nothing: the engine never published, its cache is empty."""
+        was_exact = self.sync.is_exact(url)
+        self.sync.history_empty(url)
+        if self.sync.is_exact(url) != was_exact:
+            self._invalidate()
+
+    def kv_gap_unfilled(self, url: str, resume_seq: int) -> None:
+        """Batches before ``resume_seq`` are lost for good: approximate until the next reset."""
+        was_exact = self.sync.is_exact(url)
+        self.sync.gap_unfilled(url, resume_seq)
+        if self.sync.is_exact(url) != was_exact:
+            self._invalidate()
+
     # -- reporting ---------------------------------------------------------------------
 
     def backend_states(self) -> list[BackendState]:
         return [self._state(self._backends[u]) for u in sorted(self._backends)]
 
     def _state(self, b: _Backend) -> BackendState:
+        s = self.sync.url_to_stream[b.url]
+        model = self.sync.model(b.url)
         return BackendState(
             url=b.url,
             models=tuple(sorted(b.models)),
@@ -468,11 +564,19 @@ class Fleet:
             engine_query_tokens=b.engine_counters[3] or 0,
             num_dispatched=b.num_dispatched,
             num_failed=b.num_failed,
+            mode="exact" if model is not None else "approximate",
+            kv_last_seq=s.last_seq if s.last_seq >= 0 else None,
+            kv_lag_s=s.lag_s,
+            kv_num_gaps=s.num_gaps,
+            kv_num_restarts=s.num_restarts,
+            kv_num_events=s.num_events,
+            speculative_blocks=model.num_speculative if model is not None else 0,
         )
 
     def check_invariants(self) -> None:
         """Index, load and order consistent with each other (tests call it after each step)."""
         self.index.check_invariants()
+        self.sync.check_invariants()
         assert set(self.index.url_to_model) == set(self._backends), "fleet: index membership"
         orderable = {u for u, b in self._backends.items() if b.is_orderable}
         assert set(self._order.url_to_entry) == orderable, "fleet: load order membership"

@@ -1,9 +1,10 @@
 """Which backend holds which prefix: a global block -> holders map over per-backend cache models.
 
 Each backend has a ``CacheModel``: what the router believes is in that engine's prefix
-cache, in engine blocks. Today that is ``LruCacheModel`` (approximate mode: fed by the
-router's own dispatches). Exact mode will plug in a model fed by the engine's KV events
-(blocks stored, removed, all cleared) and mirror its changes through ``PrefixIndex.apply``.
+cache, in engine blocks: ``LruCacheModel`` (approximate mode: fed by the router's own
+dispatches) or ``core/event_model.EventCacheModel`` (exact mode: fed by the engine's KV
+events, its changes mirrored through ``PrefixIndex.apply``). ``replace_model`` swaps one
+for the other when a backend's event stream becomes consistent or breaks.
 
 Blocks are chained keys (core/keys.py): a key determines its whole prefix. Every model
 keeps its holdings contiguous (a block is held only if its parent is), so the holders of
@@ -21,7 +22,7 @@ from __future__ import annotations
 import abc
 import heapq
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import repeat
 from operator import or_
 
@@ -111,6 +112,14 @@ class LruCacheModel(CacheModel):
         deque(map(lru.move_to_end, reversed(held)), maxlen=0)  # to the back, tail first
         return new, self._evict_to(self.capacity_blocks)
 
+    def seed(self, blocks: Iterable[int], seq: int = 0) -> None:
+        """Fill an empty model with ``blocks`` in eviction order (children before parents),
+        keeping the last ``capacity_blocks``: a fallback from exact mode starts warm."""
+        if self._lru:
+            raise ValueError("seed takes an empty model")
+        self._lru.update(zip(blocks, repeat(seq)))
+        self._evict_to(self.capacity_blocks)
+
     def set_capacity(self, capacity_blocks: int) -> list[int]:
         if capacity_blocks < 1:
             raise ValueError(f"capacity_blocks must be >= 1, got {capacity_blocks}")
@@ -143,7 +152,8 @@ class PrefixIndex:
       hash maps to an empty set;
     - the sum of the models' sizes equals ``num_entries`` and never exceeds
       ``max_entries``: the cap is enforced on every insert by evicting the globally least
-      recently touched blocks (each model's front, compared by touch sequence);
+      recently touched blocks (each model's front, compared by touch sequence); only
+      exact-mode models, which the index never evicts, may hold it above the cap;
     - a removed backend leaves no bit behind, and its slot is reused only after that.
     """
 
@@ -181,6 +191,15 @@ class PrefixIndex:
         slot = self.url_to_slot.pop(url)
         del self.slot_to_url[slot]
         heapq.heappush(self._free_slots, slot)
+
+    def replace_model(self, url: str, model: CacheModel) -> None:
+        """Swap ``url``'s cache model: the old one's entries go, the new one's blocks come."""
+        old = self.url_to_model[url]
+        self.num_entries -= len(old)
+        slot = self.url_to_slot[url]
+        self._drop(slot, list(old.blocks()))
+        self.url_to_model[url] = model
+        self.apply(url, list(model.blocks()), ())
 
     def set_capacity(self, url: str, capacity_blocks: int) -> None:
         model = self.url_to_model[url]
@@ -240,11 +259,17 @@ class PrefixIndex:
                 del h2h[h]
 
     def _enforce_cap(self) -> None:
-        """Evict globally least recently touched blocks to 1/64 under the cap (amortized)."""
+        """Evict globally least recently touched blocks to 1/64 under the cap (amortized).
+
+        Models whose ``oldest_seq`` is None (exact mode: the engine decides) are never
+        evicted here; their size is bounded by the engine's own cache.
+        """
         if self.num_entries <= self.max_entries:
             return
         target = self.max_entries - self.max_entries // 64
-        heap = [(m.oldest_seq() or 0, u) for u, m in self.url_to_model.items() if len(m)]
+        heap = [
+            (seq, u) for u, m in self.url_to_model.items() if (seq := m.oldest_seq()) is not None
+        ]
         heapq.heapify(heap)
         while self.num_entries > target and heap:
             _, url = heapq.heappop(heap)
@@ -329,7 +354,8 @@ class PrefixIndex:
             for h in model.blocks():
                 assert (h2h.get(h, 0) >> slot) & 1, f"index: {url} holds {h} but is not listed"
         assert total == self.num_entries, "index: num_entries != sum of model sizes"
-        assert self.num_entries <= self.max_entries, "index: over max_entries"
+        evictable = sum(len(m) for m in self.url_to_model.values() if m.oldest_seq() is not None)
+        assert self.num_entries <= self.max_entries or not evictable, "index: over max_entries"
         assert len(self.slot_to_url) == len(self.url_to_model), "index: slot count"
         for h, mask in h2h.items():
             assert mask, "index: empty holder set"

@@ -1,0 +1,263 @@
+"""Exact mode: one engine's prefix cache as its KV events describe it, in router keys.
+
+The engine names blocks by its own hashes (its seed and algorithm, possibly 32-byte
+hashes cut to 64 bits). The router never needs to reproduce them: a ``BlockStored``
+carries the blocks' token ids and the parent's engine hash, so the router computes its
+own chained key for each block (``token_block_hashes`` seeded with the parent's router
+key) and remembers engine hash -> router key. ``BlockRemoved`` maps back through that
+table (llm-d's "dual key" design). A store whose parent the router never saw cannot be
+keyed and is dropped (counted in ``num_orphans``).
+
+Speculative entries close the blind window between dispatch and the engine's first
+``BlockStored``: the chosen backend is credited with the request's keys at once; an event
+for a key confirms it (the speculation is dropped, the confirmed block stays), and the
+``Fleet`` withdraws unconfirmed ones after a TTL or when the request fails.
+
+A key is *present* when the engine holds a block with that key (confirmed) or a
+speculation is pending. The index must see contiguous chains (core/index.py), but an
+engine may drop a middle block while its children stay cached (a duplicate computed
+block whose twin was evicted; a CPU offload). So the model exposes only *visible* keys:
+present keys whose whole chain back to the root is present. The engine's own lookup
+stops at the first missing block too, so invisible keys could never be hit anyway; they
+become visible again when the missing parent is stored.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Sequence
+
+from kvroute.core.index import CacheModel
+from kvroute.core.keys import ROOT_SEED, token_block_hashes
+
+RETIRED_MAPPINGS = 65_536  # removed engine hash -> router key entries kept for late children
+
+
+class EventCacheModel(CacheModel):
+    """Router keys one engine holds (from its KV events) plus speculative keys.
+
+    Invariants (``check_invariants``):
+    - ``visible`` is exactly the present keys whose parent is the root or visible;
+    - every present key has its parent in ``_parent`` and is listed in its parent's
+      ``_children``; absent keys are in neither;
+    - ``_confirmed[k]`` counts the engine blocks mapped to k in ``_engine_to_key``.
+
+    Capacity is the engine's business: the model never evicts on its own, so the global
+    index cap does not apply to it (``oldest_seq`` is None) and ``capacity_blocks`` is
+    informational (the scraped ``num_gpu_blocks``, or the size when that is larger).
+    """
+
+    def __init__(self, capacity_blocks: int) -> None:
+        if capacity_blocks < 1:
+            raise ValueError(f"capacity_blocks must be >= 1, got {capacity_blocks}")
+        self.nominal_capacity = capacity_blocks
+        self._engine_to_key: dict[int, int] = {}  # engine hash of a held block -> router key
+        self._retired: OrderedDict[int, int] = OrderedDict()  # removed engine hash -> key
+        self._confirmed: dict[int, int] = {}  # router key -> engine blocks holding it
+        self._speculative: dict[int, int] = {}  # router key -> pending speculations
+        self._parent: dict[int, int] = {}  # present key -> parent key (ROOT_SEED at root)
+        self._children: dict[int, set[int]] = {}  # key -> its present children
+        self.visible: set[int] = set()  # present keys with a present chain to the root
+        self.num_orphans = 0  # stored blocks dropped: parent engine hash never seen
+
+    # -- CacheModel ----------------------------------------------------------------------
+
+    @property
+    def capacity_blocks(self) -> int:  # type: ignore[override]
+        return max(self.nominal_capacity, len(self.visible))
+
+    def holds(self, block_hash: int) -> bool:
+        return block_hash in self.visible
+
+    def __len__(self) -> int:
+        return len(self.visible)
+
+    def blocks(self) -> Iterator[int]:
+        """Visible keys, children before their parents (an LRU can be seeded from it)."""
+        roots = [k for k in self.visible if self._parent[k] == ROOT_SEED]
+        out: list[int] = []
+        stack: list[tuple[int, bool]] = [(k, False) for k in roots]
+        while stack:
+            key, expanded = stack.pop()
+            if expanded:
+                out.append(key)
+                continue
+            stack.append((key, True))
+            stack.extend((c, False) for c in self._children.get(key, ()) if c in self.visible)
+        return iter(out)
+
+    def insert(
+        self, block_hashes: Sequence[int], num_held: int, seq: int
+    ) -> tuple[Sequence[int], list[int]]:
+        """Speculate on a prompt's chain (the caller owns expiry; see ``speculate``)."""
+        return self.speculate(block_hashes), []
+
+    def set_capacity(self, capacity_blocks: int) -> list[int]:
+        if capacity_blocks < 1:
+            raise ValueError(f"capacity_blocks must be >= 1, got {capacity_blocks}")
+        self.nominal_capacity = capacity_blocks
+        return []
+
+    def oldest_seq(self) -> int | None:
+        return None  # never evicted by the index: the engine decides
+
+    def evict_oldest(self) -> int | None:
+        return None
+
+    # -- events ----------------------------------------------------------------------------
+
+    def key_of(self, engine_hash: int) -> int | None:
+        """The router key of an engine block hash the model has seen (None: unknown)."""
+        key = self._engine_to_key.get(engine_hash)
+        return key if key is not None else self._retired.get(engine_hash)
+
+    def store(
+        self,
+        engine_hashes: Sequence[int],
+        parent_engine_hash: int | None,
+        token_ids: Sequence[int],
+        block_size: int,
+    ) -> list[int]:
+        """A ``BlockStored``: map each block to its router key; returns keys now visible."""
+        parent = ROOT_SEED if parent_engine_hash is None else self.key_of(parent_engine_hash)
+        if parent is None or block_size < 1:
+            self.num_orphans += len(engine_hashes)
+            return []
+        keys = token_block_hashes(token_ids, block_size, parent)
+        added: list[int] = []
+        # a short token list (malformed event) keys only the blocks it covers
+        for engine_hash, key in zip(engine_hashes, keys, strict=False):
+            old = self._engine_to_key.get(engine_hash)
+            if old is not None:  # the engine re-announced a block it holds
+                parent = old
+                continue
+            self._engine_to_key[engine_hash] = key
+            self._retired.pop(engine_hash, None)
+            self._confirmed[key] = self._confirmed.get(key, 0) + 1
+            if self._speculative.pop(key, None) is None and self._confirmed[key] == 1:
+                added += self._make_present(key, parent)
+            parent = key
+        return added
+
+    def remove(self, engine_hashes: Iterable[int]) -> list[int]:
+        """A ``BlockRemoved``: returns keys no longer visible (unknown hashes: ignored)."""
+        removed: list[int] = []
+        for engine_hash in engine_hashes:
+            key = self._engine_to_key.pop(engine_hash, None)
+            if key is None:
+                continue
+            self._retire(engine_hash, key)
+            count = self._confirmed[key] - 1
+            if count:
+                self._confirmed[key] = count
+                continue
+            del self._confirmed[key]
+            if key not in self._speculative:
+                removed += self._make_absent(key)
+        return removed
+
+    def clear(self) -> list[int]:
+        """``AllBlocksCleared``: every confirmed block goes; speculations stay."""
+        return self.remove(list(self._engine_to_key))
+
+    # -- speculation -----------------------------------------------------------------------
+
+    def speculate(self, block_hashes: Sequence[int]) -> list[int]:
+        """Credit a dispatched prompt's chain (router keys, root first); returns new keys."""
+        added: list[int] = []
+        parent = ROOT_SEED
+        for key in block_hashes:
+            if key in self._confirmed:
+                parent = key
+                continue
+            count = self._speculative.get(key, 0)
+            self._speculative[key] = count + 1
+            if count == 0:
+                added += self._make_present(key, parent)
+            parent = key
+        return added
+
+    def unspeculate(self, block_hashes: Iterable[int]) -> list[int]:
+        """Withdraw one speculation per key (expired or failed); returns keys now gone."""
+        removed: list[int] = []
+        for key in block_hashes:
+            count = self._speculative.get(key)
+            if count is None:
+                continue  # confirmed meanwhile, or withdrawn by a clear
+            if count > 1:
+                self._speculative[key] = count - 1
+                continue
+            del self._speculative[key]
+            if key not in self._confirmed:
+                removed += self._make_absent(key)
+        return removed
+
+    @property
+    def num_confirmed(self) -> int:
+        return len(self._confirmed)
+
+    @property
+    def num_speculative(self) -> int:
+        return len(self._speculative)
+
+    def confirmed_keys(self) -> set[int]:
+        return set(self._confirmed)
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _retire(self, engine_hash: int, key: int) -> None:
+        self._retired[engine_hash] = key
+        if len(self._retired) > RETIRED_MAPPINGS:
+            self._retired.popitem(last=False)
+
+    def _make_present(self, key: int, parent: int) -> list[int]:
+        """Link a newly present key; it (and present descendants) show if the chain is whole."""
+        self._parent[key] = parent
+        self._children.setdefault(parent, set()).add(key)
+        if parent != ROOT_SEED and parent not in self.visible:
+            return []
+        added: list[int] = []
+        stack = [key]
+        while stack:
+            k = stack.pop()
+            self.visible.add(k)
+            added.append(k)
+            stack.extend(c for c in self._children.get(k, ()) if c not in self.visible)
+        return added
+
+    def _make_absent(self, key: int) -> list[int]:
+        """Unlink a key that is no longer present; it and its visible descendants hide."""
+        parent = self._parent.pop(key)
+        siblings = self._children[parent]
+        siblings.discard(key)
+        if not siblings:
+            del self._children[parent]
+        if key not in self.visible:
+            return []
+        removed: list[int] = []
+        stack = [key]
+        while stack:
+            k = stack.pop()
+            self.visible.discard(k)
+            removed.append(k)
+            stack.extend(c for c in self._children.get(k, ()) if c in self.visible)
+        return removed
+
+    def check_invariants(self) -> None:
+        present = set(self._confirmed) | set(self._speculative)
+        assert set(self._parent) == present, "event model: parent table != present keys"
+        for key in present:
+            assert key in self._children[self._parent[key]], "event model: child link"
+        for parent, children in self._children.items():
+            assert children, "event model: empty child set"
+            for c in children:
+                assert self._parent.get(c) == parent, "event model: stray child"
+        for key in present:
+            p = self._parent[key]
+            whole = p == ROOT_SEED or p in self.visible
+            assert (key in self.visible) == whole, f"event model: visibility of {key}"
+        assert self.visible <= present, "event model: visible key not present"
+        counts: dict[int, int] = {}
+        for key in self._engine_to_key.values():
+            counts[key] = counts.get(key, 0) + 1
+        assert counts == self._confirmed, "event model: confirmed counts"

@@ -1,0 +1,220 @@
+"""Exact mode bookkeeping: per-backend KV event streams, model swaps, speculation.
+
+One ``KvStream`` per backend follows the publisher's sequence numbers (one per batch,
+from 0). A backend is *synced* when the router has applied every batch the engine ever
+published (it saw seq 0, or the replay buffer proved there was none), or everything since
+an ``AllBlocksCleared`` (the engine's cache was empty then). While synced, its index model
+is an ``EventCacheModel``; otherwise it falls back to the approximate ``LruCacheModel``
+(seeded with what the exact model last showed).
+
+Sequence rules for a batch with number ``seq`` when ``last_seq`` was applied last:
+``seq == last_seq + 1`` applies; ``seq <= last_seq`` is a duplicate (a replay overlapping
+the live stream), unless it is 0 or newer in time than the last batch, which means the
+engine restarted (its cache is new: start clean); ``seq > last_seq + 1`` is a gap. On a
+gap the caller may replay from ``next_seq``; if it cannot fill it, ``gap_unfilled`` makes
+the backend approximate until the engine's next ``AllBlocksCleared``.
+
+Everything here is pure; the router's subscriber does the I/O.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvroute.core.event_model import EventCacheModel
+from kvroute.core.index import LruCacheModel, PrefixIndex
+from kvroute.engine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
+
+MODES = ("approximate", "exact", "auto")
+
+
+class KvOutcome(enum.Enum):
+    """What ``apply_batch`` did with one batch."""
+
+    APPLIED = "applied"  # in order: applied (or scanned for a reset while not synced)
+    DUPLICATE = "duplicate"  # already applied: skipped
+    GAP = "gap"  # batches are missing before it: nothing applied; replay from next_seq
+    UNKNOWN = "unknown"  # no such backend
+
+
+@dataclass(slots=True)
+class KvStream:
+    """One backend's event stream as far as the router has followed it."""
+
+    last_seq: int = -1  # last applied batch number; -1 before the first
+    last_ts: float | None = None  # engine timestamp of that batch, seconds
+    synced: bool = False  # every batch since the engine's start (or last reset) applied
+    gap_at: int | None = None  # next_seq when the pending gap was found (counted once)
+    num_gaps: int = 0  # gaps found
+    num_restarts: int = 0  # engine restarts seen (sequence went back)
+    num_batches: int = 0  # batches applied
+    num_events: int = 0  # events in them
+    lag_s: float | None = None  # receive time - engine timestamp of the last batch
+
+    @property
+    def next_seq(self) -> int:
+        return self.last_seq + 1
+
+    def classify(self, seq: int, ts: float) -> str:
+        """ "next", "duplicate", "restart" or "gap" (module doc)."""
+        if seq == self.last_seq + 1:
+            return "next"
+        if seq <= self.last_seq:
+            newer = self.last_ts is not None and ts > self.last_ts
+            return "restart" if seq == 0 or newer else "duplicate"
+        return "gap"
+
+
+@dataclass(frozen=True, slots=True)
+class _Speculation:
+    url: str  # backend credited
+    model: EventCacheModel  # the model credited (ignored once swapped out)
+    keys: Sequence[int]  # the request's router keys
+
+
+class ExactSync:
+    """Streams, model swaps and speculative entries for every backend of one index."""
+
+    def __init__(self, index: PrefixIndex, mode: str, speculative_ttl_s: float) -> None:
+        self.index = index
+        self.mode = mode
+        self.speculative_ttl_s = speculative_ttl_s
+        self.url_to_stream: dict[str, KvStream] = {}
+        self._queue: deque[tuple[float, int]] = deque()  # (expiry, ticket id), by expiry
+        self._ticket_to_spec: dict[int, _Speculation] = {}
+
+    def add_backend(self, url: str) -> None:
+        self.url_to_stream[url] = KvStream()
+
+    def remove_backend(self, url: str) -> None:
+        self.url_to_stream.pop(url, None)
+
+    def is_exact(self, url: str) -> bool:
+        return isinstance(self.index.url_to_model.get(url), EventCacheModel)
+
+    def model(self, url: str) -> EventCacheModel | None:
+        m = self.index.url_to_model.get(url)
+        return m if isinstance(m, EventCacheModel) else None
+
+    # -- streams ---------------------------------------------------------------------------
+
+    def apply_batch(
+        self, url: str, seq: int, ts: float, events: Sequence[KvEvent], lag_s: float | None
+    ) -> KvOutcome:
+        s = self.url_to_stream.get(url)
+        if s is None:
+            return KvOutcome.UNKNOWN
+        kind = s.classify(seq, ts)
+        if kind == "restart":
+            s.num_restarts += 1
+            self._fall_back(url, s, seed=False)  # the engine's cache is gone
+            s.last_seq, s.last_ts, s.gap_at = -1, None, None
+            kind = s.classify(seq, ts)
+        if kind == "duplicate":
+            return KvOutcome.DUPLICATE
+        if kind == "gap":
+            if s.gap_at != s.next_seq:
+                s.gap_at = s.next_seq
+                s.num_gaps += 1
+            return KvOutcome.GAP
+        s.last_seq, s.last_ts, s.gap_at, s.lag_s = seq, ts, None, lag_s
+        s.num_batches += 1
+        s.num_events += len(events)
+        if seq == 0:
+            self._sync(url, s)  # the engine's whole history starts here
+        self._apply_events(url, s, events)
+        return KvOutcome.APPLIED
+
+    def history_empty(self, url: str) -> None:
+        """The engine's replay buffer is empty: it never published, its cache holds nothing."""
+        s = self.url_to_stream.get(url)
+        if s is not None and s.last_seq == -1:
+            self._sync(url, s)
+
+    def gap_unfilled(self, url: str, resume_seq: int) -> None:
+        """Batches before ``resume_seq`` are lost: approximate until the next reset."""
+        s = self.url_to_stream.get(url)
+        if s is None or resume_seq <= s.next_seq:
+            return
+        self._fall_back(url, s, seed=True)
+        s.last_seq, s.gap_at = resume_seq - 1, None
+
+    def _apply_events(self, url: str, s: KvStream, events: Sequence[KvEvent]) -> None:
+        if self.mode == "approximate":
+            return
+        model = self.model(url) if s.synced else None
+        for event in events:
+            if isinstance(event, AllBlocksCleared):
+                if model is None:
+                    self._sync(url, s)
+                    model = self.model(url)
+                else:
+                    self.index.apply(url, (), model.clear())
+            elif model is None or event.medium not in (None, "GPU"):
+                continue  # not synced yet, or another tier (CPU offload)
+            elif isinstance(event, BlockStored):
+                added = model.store(
+                    event.block_hashes, event.parent_block_hash, event.token_ids, event.block_size
+                )
+                self.index.apply(url, added, ())
+            elif isinstance(event, BlockRemoved):
+                self.index.apply(url, (), model.remove(event.block_hashes))
+
+    def _sync(self, url: str, s: KvStream) -> None:
+        """Start an exact view from an empty engine cache."""
+        s.synced = self.mode != "approximate"
+        if s.synced:
+            capacity = self.index.url_to_model[url].capacity_blocks
+            self.index.replace_model(url, EventCacheModel(capacity))
+
+    def _fall_back(self, url: str, s: KvStream, *, seed: bool) -> None:
+        """Back to the approximate model, seeded with the exact view when still meaningful."""
+        s.synced = False
+        old = self.model(url)
+        if old is None:
+            if not seed:  # a restart: whatever the LRU guessed is gone too
+                capacity = self.index.url_to_model[url].capacity_blocks
+                self.index.replace_model(url, LruCacheModel(capacity))
+            return
+        lru = LruCacheModel(old.nominal_capacity)
+        if seed:
+            lru.seed(old.blocks())
+        self.index.replace_model(url, lru)
+
+    # -- speculation -------------------------------------------------------------------------
+
+    def speculate(self, url: str, ticket_id: int, keys: Sequence[int], now: float) -> bool:
+        """Credit ``url`` with a dispatched request's keys; False if it is not exact."""
+        model = self.model(url)
+        if model is None:
+            return False
+        if self.speculative_ttl_s <= 0 or not keys:
+            return True
+        self.index.apply(url, model.speculate(keys), ())
+        self._ticket_to_spec[ticket_id] = _Speculation(url, model, keys)
+        self._queue.append((now + self.speculative_ttl_s, ticket_id))
+        return True
+
+    def withdraw(self, ticket_id: int) -> None:
+        """Drop a request's unconfirmed speculative keys (failed or expired)."""
+        spec = self._ticket_to_spec.pop(ticket_id, None)
+        if spec is None or self.index.url_to_model.get(spec.url) is not spec.model:
+            return
+        self.index.apply(spec.url, (), spec.model.unspeculate(spec.keys))
+
+    def expire(self, now: float) -> None:
+        """Withdraw speculations whose TTL has passed (O(1) when none is due)."""
+        queue = self._queue
+        while queue and queue[0][0] <= now:
+            self.withdraw(queue.popleft()[1])
+
+    def check_invariants(self) -> None:
+        assert set(self.url_to_stream) == set(self.index.url_to_model), "sync: membership"
+        for url, s in self.url_to_stream.items():
+            model = self.model(url)
+            assert (model is not None) == s.synced, f"sync: {url} model kind != synced"
+            if model is not None:
+                model.check_invariants()
