@@ -1,0 +1,371 @@
+"""kvroute in front of real vLLM CPU engines: engine-measured prefix hit rate per router mode.
+
+Starts N vLLM servers (prefix caching, ZMQ KV events, dummy weights of a tiny model
+made by make_model.py), then for each mode starts a fresh ``kvroute serve`` in front,
+empties every engine's prefix cache, runs a shared-prefix chat workload with
+``kvroute bench`` and reads the hit rate from vLLM's own counters (Δhits / Δqueries,
+tokens, summed over the fleet). A subscriber per engine keeps the set of blocks the KV
+events say the engine holds; after each run it is compared with the router's view
+(``/admin/backends`` ``kvroute_backend_index_blocks``): in exact mode they must match.
+
+Run with the main venv (it has kvroute); the engines run from .venv-vllm:
+
+    scripts/real_vllm/setup.sh
+    .venv/bin/python scripts/real_vllm/e2e.py                # 2 engines, 80 requests
+    .venv/bin/python scripts/real_vllm/e2e.py --requests 40 --json out.json
+
+Every process it starts is stopped on exit (also on Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from events import EventTracker
+from fleet import (
+    REPO,
+    Proc,
+    VllmOptions,
+    cache_info,
+    engine_counters,
+    free_port,
+    http,
+    reset_prefix_cache,
+    spawn,
+    start_vllm,
+    stop,
+    wait_healthy,
+)
+
+ADMIN_KEY = "real-vllm-e2e-admin"
+MODES = ("exact", "approx", "round_robin")
+POLICY_OF = {"exact": "prefix", "approx": "prefix", "round_robin": "round_robin"}
+
+
+@dataclass(slots=True)
+class EngineRow:
+    """One engine after one mode's run."""
+
+    url: str  # engine base URL
+    hit_tokens: int  # Δ vllm:prefix_cache_hits_total
+    query_tokens: int  # Δ vllm:prefix_cache_queries_total
+    event_blocks: int  # blocks the KV events say it holds now
+    router_blocks: int | None  # blocks the router's index holds for it (None: unknown)
+    router_predicted_hit_rate: float | None  # router's own prediction for this engine
+    events_stored: int  # blocks in BlockStored events during the run
+    events_removed: int  # blocks in BlockRemoved events during the run
+
+
+@dataclass(slots=True)
+class ModeResult:
+    """One router mode's run."""
+
+    mode: str  # exact | approx | round_robin
+    status: str  # "ok", or why it did not run ("TODO: ...", "error: ...")
+    requests: int = 0  # completed
+    failures: int = 0  # failed
+    hit_rate: float | None = None  # fleet Δhits / Δqueries from the engines' counters
+    bench_hit_rate: float | None = None  # the same as kvroute bench computed it
+    duration_s: float | None = None  # bench wall time
+    view_matches_events: bool | None = None  # every engine: router_blocks == event_blocks
+    engines: list[EngineRow] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """The shared-prefix chat workload (zipf-hot with near-uniform popularity)."""
+
+    num_prompts: int  # distinct system prompts
+    prefix_tokens: int  # words per system prompt (about one BPE token each)
+    suffix_tokens: int  # words of each unique user message
+    output_tokens: int  # max_tokens, with ignore_eos
+    requests: int  # measured requests per mode
+    concurrency: int  # closed-loop users
+    seed: int  # workload seed (same prompts in every mode)
+
+    def bench_args(self) -> list[str]:
+        args = ["--workload", "zipf-hot", "--seed", str(self.seed)]
+        for key, value in (
+            ("num_prefixes", self.num_prompts),
+            ("prefix_tokens", self.prefix_tokens),
+            ("suffix_tokens", self.suffix_tokens),
+            ("output_tokens", self.output_tokens),
+            ("zipf_s", 0.01),
+        ):
+            args += ["--workload-arg", f"{key}={value}"]
+        args += ["--concurrency", str(self.concurrency), "--num-requests", str(self.requests)]
+        return [*args, "--ignore-eos", "--no-plots", "--quiet", "--timeout", "120"]
+
+
+def kvroute_bin() -> Path:
+    return Path(sys.executable).parent / "kvroute"
+
+
+def exact_mode_supported() -> bool:
+    """True once ``kvroute serve`` has a ``--mode`` flag (exact mode wired in the router)."""
+    out = subprocess.run(
+        [str(kvroute_bin()), "serve", "--help"], capture_output=True, text=True, check=False
+    )
+    return "--mode" in out.stdout
+
+
+def router_config(engines: list[Proc], path: Path) -> Path:
+    """YAML for exact mode: each backend with its KV-event endpoint."""
+    lines = ["backends:"]
+    for e in engines:
+        lines += [f"  - url: {e.url}", f"    kv_events: {e.kv_endpoint}"]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def start_router(mode: str, engines: list[Proc], run_dir: Path) -> Proc:
+    port = free_port()
+    argv = [str(kvroute_bin()), "serve", "--port", str(port), "--policy", POLICY_OF[mode]]
+    argv += ["--admin-key", ADMIN_KEY, "--log-level", "WARNING"]
+    if mode == "exact":
+        argv += ["--mode", "exact", "--config", str(router_config(engines, run_dir / "exact.yaml"))]
+    else:
+        for e in engines:
+            argv += ["--backend", e.url]
+    return spawn(f"router-{mode}", argv, dict(os.environ), run_dir, f"http://127.0.0.1:{port}")
+
+
+def admin_rows(router: Proc) -> list[dict[str, Any]]:
+    body = http("GET", f"{router.url}/admin/backends", Authorization=f"Bearer {ADMIN_KEY}")
+    return list(body["backends"])
+
+
+def wait_router_ready(router: Proc, n: int, timeout_s: float = 60.0) -> None:
+    """Healthy, and every backend scraped once (so block size and capacity are known)."""
+    wait_healthy([router], timeout_s)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        rows = admin_rows(router)
+        ready = [
+            r
+            for r in rows
+            if r["kvroute_backend_healthy"] and r["kvroute_backend_engine_kv_usage"] is not None
+        ]
+        if len(ready) == n:
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"router backends not ready after {timeout_s:.0f} s:\n{router.log_tail()}")
+
+
+def cold_start(engines: list[Proc], trackers: list[EventTracker]) -> None:
+    """Empty every prefix cache and wait until the event streams say so too."""
+    for e in engines:
+        reset_prefix_cache(e.url)
+    deadline = time.monotonic() + 10.0
+    while time.monotonic() < deadline:
+        if all(not t.snapshot().live_blocks for t in trackers):
+            return
+        time.sleep(0.2)
+    raise RuntimeError("KV events still show blocks after /reset_prefix_cache")
+
+
+def run_bench(router: Proc, engines: list[Proc], wl: Workload, mode: str, out: Path) -> dict:
+    argv = [str(kvroute_bin()), "bench", "--target", router.url, "--router", mode]
+    argv += ["--out", str(out)]
+    argv += ["--model", "tiny", *wl.bench_args(), "--backend-metrics", *(e.url for e in engines)]
+    log = out.with_suffix(".log")
+    with open(log, "wb") as f:
+        done = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, check=False, cwd=REPO)
+    if done.returncode != 0:
+        raise RuntimeError(f"kvroute bench failed ({done.returncode}); see {log}")
+    return json.loads((out / "result.json").read_text())
+
+
+def run_mode(
+    mode: str, engines: list[Proc], trackers: list[EventTracker], wl: Workload, run_dir: Path
+) -> ModeResult:
+    """One fresh router, cold engines, one workload run; the engines keep running."""
+    cold_start(engines, trackers)
+    before = [engine_counters(e.url) for e in engines]
+    events_before = [t.snapshot() for t in trackers]
+    router = start_router(mode, engines, run_dir)
+    try:
+        wait_router_ready(router, len(engines))
+        t0 = time.monotonic()
+        result = run_bench(router, engines, wl, mode, run_dir / f"bench-{mode}")
+        duration = time.monotonic() - t0
+        time.sleep(2.0)  # let the last events reach the router and the trackers
+        rows = {r["url"]: r for r in admin_rows(router)}
+    finally:
+        stop(router)
+    after = [engine_counters(e.url) for e in engines]
+    res = ModeResult(mode, "ok", int(result.get("completed", 0)), int(result.get("failed", 0)))
+    res.bench_hit_rate = result.get("engine_prefix_hit_rate")
+    res.duration_s = round(duration, 1)
+    for e, t, b, a, eb in zip(engines, trackers, before, after, events_before, strict=True):
+        snap, row = t.snapshot(), rows.get(e.url, {})
+        res.engines.append(
+            EngineRow(
+                e.url,
+                int(a.prefix_cache_hits - b.prefix_cache_hits),
+                int(a.prefix_cache_queries - b.prefix_cache_queries),
+                len(snap.live_blocks),
+                row.get("kvroute_backend_index_blocks"),
+                row.get("kvroute_backend_predicted_hit_rate"),
+                snap.stored - eb.stored,
+                snap.removed - eb.removed,
+            )
+        )
+    hits = sum(r.hit_tokens for r in res.engines)
+    queries = sum(r.query_tokens for r in res.engines)
+    res.hit_rate = hits / queries if queries else None
+    res.view_matches_events = all(r.router_blocks == r.event_blocks for r in res.engines)
+    return res
+
+
+def ensure_model(venv: Path, model_dir: Path) -> None:
+    if (model_dir / "tokenizer.json").exists():
+        return
+    script = Path(__file__).resolve().parent / "make_model.py"
+    subprocess.run([str(venv / "bin" / "python"), str(script), "--out", str(model_dir)], check=True)
+
+
+def run_all(args: argparse.Namespace, wl: Workload, run_dir: Path) -> list[ModeResult]:
+    """Start the engines once, run every mode, stop everything."""
+    opts = VllmOptions(
+        venv=args.venv,
+        model_dir=args.model_dir,
+        num_gpu_blocks=args.num_gpu_blocks or None,
+        kv_transport=args.kv_transport,
+    )
+    ensure_model(args.venv, args.model_dir)
+    engines: list[Proc] = []
+    trackers: list[EventTracker] = []
+    results: list[ModeResult] = []
+    try:
+        engines = [start_vllm(i, opts, run_dir) for i in range(args.servers)]
+        trackers = [EventTracker(e.kv_endpoint or "") for e in engines]
+        for t in trackers:
+            t.start()
+        t0 = time.monotonic()
+        wait_healthy(engines, args.startup_timeout)
+        info = cache_info(engines[0].url)
+        print(
+            f"{len(engines)} engines healthy in {time.monotonic() - t0:.0f} s; "
+            f"block_size={info.get('block_size')} num_gpu_blocks={info.get('num_gpu_blocks')}",
+            flush=True,
+        )
+        exact_ok = exact_mode_supported()
+        for mode in args.modes:
+            if mode == "exact" and not exact_ok:
+                results.append(ModeResult(mode, "TODO: kvroute serve has no --mode exact yet"))
+                continue
+            print(f"mode {mode} ...", flush=True)
+            try:
+                results.append(run_mode(mode, engines, trackers, wl, run_dir))
+            except RuntimeError as exc:
+                results.append(ModeResult(mode, f"error: {exc}"))
+    finally:
+        for t in trackers:
+            t.stop()
+        for e in engines:
+            stop(e)
+    return results
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f} %"
+
+
+def format_table(results: list[ModeResult]) -> str:
+    """One line per mode, then one per engine: truth (events) vs the router's view."""
+    out = [
+        f"{'mode':<12} {'hit rate':>9} {'(bench)':>9} {'requests':>8} {'failed':>6} "
+        f"{'time s':>7}  view==events  status"
+    ]
+    for r in results:
+        view = "-" if r.view_matches_events is None else str(r.view_matches_events).lower()
+        out.append(
+            f"{r.mode:<12} {_pct(r.hit_rate):>9} {_pct(r.bench_hit_rate):>9} {r.requests:>8} "
+            f"{r.failures:>6} {r.duration_s or 0:>7.1f}  {view:<12}  {r.status}"
+        )
+    out.append("")
+    out.append(f"{'mode':<12} {'engine':<24} {'hit/query tokens':>18} {'events':>7} {'router':>7}")
+    for r in results:
+        for e in r.engines:
+            ratio = f"{e.hit_tokens}/{e.query_tokens}"
+            out.append(
+                f"{r.mode:<12} {e.url:<24} {ratio:>18} {e.event_blocks:>7} "
+                f"{'-' if e.router_blocks is None else e.router_blocks:>7}"
+            )
+    return "\n".join(out)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--servers", type=int, default=2, help="vLLM engines (2-3 fit in 24 GB)")
+    ap.add_argument("--venv", type=Path, default=REPO / ".venv-vllm")
+    ap.add_argument("--model-dir", type=Path, default=REPO / ".venv-vllm" / "models" / "tiny")
+    ap.add_argument("--modes", type=lambda s: s.split(","), default=list(MODES))
+    ap.add_argument("--num-prompts", type=int, default=4, help="shared system prompts")
+    ap.add_argument("--prefix-tokens", type=int, default=1500)
+    ap.add_argument("--suffix-tokens", type=int, default=64)
+    ap.add_argument("--output-tokens", type=int, default=16)
+    ap.add_argument("--requests", type=int, default=80, help="per mode")
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--num-gpu-blocks",
+        type=int,
+        default=40,
+        help="KV blocks per engine (--num-gpu-blocks-override); 0 = sized from 1 GB",
+    )
+    ap.add_argument("--kv-transport", choices=("ipc", "tcp"), default="ipc")
+    ap.add_argument("--startup-timeout", type=float, default=400.0, help="seconds")
+    ap.add_argument("--json", type=Path, help="write the results here")
+    ap.add_argument("--keep-logs", action="store_true", help="keep the run folder")
+    args = ap.parse_args(argv)
+    unknown = set(args.modes) - set(MODES)
+    if unknown:
+        ap.error(f"unknown modes {sorted(unknown)}; known: {', '.join(MODES)}")
+    if not (args.venv / "bin" / "python").exists():
+        ap.error(f"no vLLM venv at {args.venv}: run scripts/real_vllm/setup.sh")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    wl = Workload(
+        args.num_prompts,
+        args.prefix_tokens,
+        args.suffix_tokens,
+        args.output_tokens,
+        args.requests,
+        args.concurrency,
+        args.seed,
+    )
+    run_dir = Path(tempfile.mkdtemp(prefix="kvroute-vllm-"))
+    print(f"logs in {run_dir}", flush=True)
+    results = run_all(args, wl, run_dir)
+    print(format_table(results))
+    if args.json:
+        args.json.write_text(
+            json.dumps({"workload": asdict(wl), "results": [asdict(r) for r in results]}, indent=1)
+        )
+    ok = all(r.status == "ok" or r.status.startswith("TODO") for r in results)
+    if ok and not args.keep_logs:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    else:
+        print(f"logs kept in {run_dir}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,214 @@
+"""Start, probe and stop real vLLM CPU servers (and kvroute routers) as subprocesses.
+
+Every process is started in its own session (process group) and stopped by that group
+id, so an engine's worker processes go with it; nothing is killed by name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvroute.bench.metrics import EngineCounters, parse_engine_counters
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now (the OS picks it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True, slots=True)
+class VllmOptions:
+    """How each engine is started; sizes are tokens, blocks or GB as named."""
+
+    venv: Path  # the vLLM venv (has bin/python with vllm importable)
+    model_dir: Path  # made by make_model.py
+    served_name: str = "tiny"  # --served-model-name
+    max_model_len: int = 4096  # --max-model-len
+    kv_cache_gb: int = 1  # VLLM_CPU_KVCACHE_SPACE
+    num_gpu_blocks: int | None = None  # --num-gpu-blocks-override (None: sized from GB)
+    kv_topic: str = "kv-events"  # ZMQ topic of the KV events
+    pin_cores: bool = True  # bind engine i's OpenMP thread to core i % cpus
+    kv_transport: str = "ipc"  # "ipc" (a socket file) or "tcp" (binds every interface)
+
+
+@dataclass(slots=True)
+class Proc:
+    """One started process and where its output goes."""
+
+    name: str  # label for logs and reports
+    popen: subprocess.Popen[bytes]  # the process (leader of its own group)
+    log_path: Path  # stdout + stderr
+    url: str  # http://127.0.0.1:PORT
+    kv_endpoint: str | None = None  # tcp://127.0.0.1:PORT where its KV events are published
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def spawn(name: str, argv: list[str], env: dict[str, str], log_dir: Path, url: str) -> Proc:
+    """Start ``argv`` in a new session with output to ``log_dir/name.log``."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{name}.log"
+    with open(log_path, "wb") as log:
+        popen = subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=REPO,
+            start_new_session=True,
+        )
+    return Proc(name, popen, log_path, url)
+
+
+def stop(proc: Proc, grace_s: float = 20.0) -> None:
+    """SIGTERM the process group, then SIGKILL it if it outlives ``grace_s``."""
+    pgid = proc.popen.pid  # leader of its own session: pgid == pid
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.popen.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            continue
+        # The leader is gone; make sure its workers are too.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+        return
+
+
+def start_vllm(index: int, opts: VllmOptions, log_dir: Path) -> Proc:
+    """One vLLM OpenAI server with prefix caching and ZMQ KV events, on free ports."""
+    port = free_port()
+    bind, connect = kv_endpoints(index, opts.kv_transport, log_dir)
+    kv_config = {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": bind,
+        "topic": opts.kv_topic,
+    }
+    argv = [
+        str(opts.venv / "bin" / "python"),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        *("--model", str(opts.model_dir), "--load-format", "dummy"),
+        *("--served-model-name", opts.served_name, "--enable-prefix-caching"),
+        *("--max-model-len", str(opts.max_model_len), "--dtype", "bfloat16"),
+        *("--host", "127.0.0.1", "--port", str(port)),
+        *("--kv-events-config", json.dumps(kv_config)),
+        "--disable-uvicorn-access-log",
+    ]
+    if opts.num_gpu_blocks is not None:
+        argv += ["--num-gpu-blocks-override", str(opts.num_gpu_blocks)]
+    env = dict(os.environ)
+    env.update(
+        VLLM_CPU_KVCACHE_SPACE=str(opts.kv_cache_gb),
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        VLLM_SERVER_DEV_MODE="1",  # enables POST /reset_prefix_cache
+        VLLM_NO_USAGE_STATS="1",
+        VLLM_DO_NOT_TRACK="1",
+    )
+    if opts.pin_cores:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = str(index % (os.cpu_count() or 1))
+    proc = spawn(f"vllm-{index}", argv, env, log_dir, f"http://127.0.0.1:{port}")
+    proc.kv_endpoint = connect
+    return proc
+
+
+def kv_endpoints(index: int, transport: str, run_dir: Path) -> tuple[str, str]:
+    """(endpoint vLLM binds, endpoint subscribers connect to).
+
+    vLLM's publisher binds only wildcard and ipc endpoints; given ``tcp://127.0.0.1:P`` it
+    *connects* (expecting the subscriber to bind), so a loopback tcp endpoint never works.
+    """
+    if transport == "ipc":
+        path = (run_dir / f"kv-{index}.sock").resolve()
+        return f"ipc://{path}", f"ipc://{path}"
+    if transport == "tcp":
+        port = free_port()
+        return f"tcp://*:{port}", f"tcp://127.0.0.1:{port}"
+    raise ValueError(f"kv_transport must be 'ipc' or 'tcp', got {transport!r}")
+
+
+def http(method: str, url: str, body: Any = None, timeout_s: float = 10.0, **headers: str) -> Any:
+    """A small JSON/text HTTP call; returns parsed JSON when it parses, else text."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method)
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    for key, value in headers.items():
+        req.add_header(key.replace("_", "-"), value)
+    with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+        text = resp.read().decode()
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def wait_healthy(procs: list[Proc], timeout_s: float) -> None:
+    """Block until every process answers GET /health with 200; RuntimeError on death/timeout."""
+    deadline = time.monotonic() + timeout_s
+    pending = list(procs)
+    while pending:
+        for p in list(pending):
+            if not p.alive():
+                raise RuntimeError(f"{p.name} exited early:\n{p.log_tail()}")
+            try:
+                http("GET", f"{p.url}/health", timeout_s=2.0)
+                pending.remove(p)
+            except (urllib.error.URLError, OSError):
+                pass
+        if pending and time.monotonic() > deadline:
+            names = ", ".join(p.name for p in pending)
+            raise RuntimeError(f"not healthy after {timeout_s:.0f} s: {names}")
+        if pending:
+            time.sleep(1.0)
+
+
+def engine_counters(url: str) -> EngineCounters:
+    """vLLM's cumulative prefix-cache counters (tokens) from /metrics."""
+    counters = parse_engine_counters(http("GET", f"{url}/metrics"))
+    if counters is None:
+        raise RuntimeError(f"{url}/metrics has no vllm:prefix_cache_* counters")
+    return counters
+
+
+def cache_info(url: str) -> dict[str, str]:
+    """Labels of vllm:cache_config_info (block_size, num_gpu_blocks, ...)."""
+    for line in http("GET", f"{url}/metrics").splitlines():
+        if line.startswith("vllm:cache_config_info{"):
+            inner = line[line.index("{") + 1 : line.rindex("}")]
+            pairs = (kv.split("=", 1) for kv in inner.split('",') if "=" in kv)
+            return {k.strip(): v.strip().strip('"') for k, v in pairs}
+    return {}
+
+
+def reset_prefix_cache(url: str) -> None:
+    """Empty one engine's prefix cache (needs VLLM_SERVER_DEV_MODE=1 and no running requests)."""
+    http("POST", f"{url}/reset_prefix_cache", timeout_s=30.0)
