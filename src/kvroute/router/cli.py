@@ -36,6 +36,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("--admin-key", help="bearer key of /admin/... (or env KVROUTE_ADMIN_KEY)")
     p.add_argument("--drain-timeout", type=float, dest="drain_timeout_s",
                    help="seconds in-flight requests get to finish on shutdown")  # fmt: skip
+    p.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="router processes sharing the port via SO_REUSEPORT (default 1); "
+                   "see docs/deploy.md")  # fmt: skip
+    p.add_argument("--worker-port-base", type=int, metavar="P",
+                   help="with --workers N: worker i also listens alone on port P+i "
+                   "(per-worker /metrics and /admin)")  # fmt: skip
     p.add_argument("--log-level", default="WARNING", help="python logging level")
     p.set_defaults(func=run)
 
@@ -57,6 +63,8 @@ def run(args: argparse.Namespace) -> int:
         config = config_from_args(args)
         if not config.backends:
             raise ValueError("backends: give at least one --backend URL or a --config file")
+        if args.workers != 1 or args.worker_port_base is not None:
+            return _run_workers(config, args)
     except (ValueError, OSError) as exc:
         print(f"kvroute serve: {exc}", file=sys.stderr)
         return 2
@@ -72,6 +80,18 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvroute serve: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _run_workers(config: RouterConfig, args: argparse.Namespace) -> int:
+    """Several router processes on one port (router/workers.py); ValueError on bad flags."""
+    from kvroute.router.workers import SupervisorConfig, run_workers
+
+    sup = SupervisorConfig(
+        num_workers=args.workers,
+        private_port_base=args.worker_port_base,
+        log_level=args.log_level,
+    )
+    return run_workers(config, sup)
 
 
 async def serve(config: RouterConfig, *, ready: asyncio.Event | None = None) -> None:

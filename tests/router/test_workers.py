@@ -1,0 +1,220 @@
+"""``kvroute serve --workers N``: several router processes on one port, supervised.
+
+The router runs as a real subprocess (the supervisor spawns its workers) in front of a
+``kvroute sim`` subprocess with two ``tiny`` engines; requests use a fresh connection
+each, so the kernel's SO_REUSEPORT hash spreads them over the workers.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import queue
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kvroute.cli import main
+from kvroute.router.workers import WORKER_HEADER, SupervisorConfig, reserve_port
+
+KVROUTE = [sys.executable, "-m", "kvroute.cli"]
+
+
+def read_line_matching(proc: subprocess.Popen[str], pattern: str, timeout_s: float) -> str:
+    """The first stdout line of ``proc`` matching ``pattern`` (a regex), within the time.
+
+    A thread reads the pipe: select() on a buffered text stream misses buffered lines.
+    """
+    assert proc.stdout is not None
+    lines: queue.Queue[str] = queue.Queue()
+    stdout = proc.stdout
+
+    def pump() -> None:
+        for line in iter(stdout.readline, ""):
+            lines.put(line)
+            if re.search(pattern, line):
+                return
+
+    threading.Thread(target=pump, daemon=True).start()
+    deadline = time.monotonic() + timeout_s
+    while (left_s := deadline - time.monotonic()) > 0:
+        try:
+            line = lines.get(timeout=min(left_s, 0.5))
+        except queue.Empty:
+            if proc.poll() is not None:
+                break
+            continue
+        if re.search(pattern, line):
+            return line
+    raise AssertionError(f"no line matching {pattern!r}; exit code {proc.poll()}")
+
+
+def stop(proc: subprocess.Popen[str], sig: int = signal.SIGTERM, timeout_s: float = 20) -> int:
+    if proc.poll() is None:
+        proc.send_signal(sig)
+    try:
+        return proc.wait(timeout=timeout_s)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+@pytest.fixture(scope="module")
+def sim_urls() -> Iterator[list[str]]:
+    cmd = [*KVROUTE, "sim", "--backends", "2", "--profile", "tiny", "--speedup", "100",
+           "--port-base", "0"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    try:
+        urls = [
+            read_line_matching(proc, rf"^backend {i}: ", 30).split()[2].strip() for i in range(2)
+        ]
+        yield urls
+    finally:
+        stop(proc)
+
+
+@pytest.fixture
+def router(sim_urls: list[str]) -> Iterator[tuple[subprocess.Popen[str], int]]:
+    """``kvroute serve --workers 2`` on a free port: (the supervisor process, the port)."""
+    cmd = [*KVROUTE, "serve", "--workers", "2", "--port", "0", "--policy", "prefix",
+           "--drain-timeout", "5"]  # fmt: skip
+    for url in sim_urls:
+        cmd += ["--backend", url]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    try:
+        line = read_line_matching(proc, r"listening on", 60)
+        port = int(re.search(r":(\d+) ", line).group(1))  # type: ignore[union-attr]
+        yield proc, port
+    finally:
+        stop(proc)
+
+
+def complete(port: int, prompt: str) -> tuple[int, str]:
+    """One completion on a fresh connection: (status, x-kvroute-worker)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        body = json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": 2})
+        conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        resp.read()
+        return resp.status, resp.getheader(WORKER_HEADER) or ""
+    finally:
+        conn.close()
+
+
+def workers_seen(port: int, num_requests: int) -> dict[int, int]:
+    """Worker index -> pid over ``num_requests`` fresh connections (errors skipped)."""
+    seen: dict[int, int] = {}
+    for i in range(num_requests):
+        try:
+            status, worker = complete(port, f"request {i}: tell me about the sea")
+        except OSError:
+            continue  # a connection queued at a worker that was just killed
+        assert status == 200
+        index, pid = worker.split(":")
+        seen[int(index)] = int(pid)
+    return seen
+
+
+def children_of(pid: int) -> set[int]:
+    out = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.add(int(stat.parent.name))
+    return out
+
+
+def all_gone(pids: set[int], timeout_s: float = 5.0) -> bool:
+    """True once none of ``pids`` runs any more (dead or a zombie awaiting its reaper)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        alive = set()
+        for pid in pids:
+            try:
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if state != "Z":
+                alive.add(pid)
+        if not alive or time.monotonic() > deadline:
+            return not alive
+        time.sleep(0.1)
+
+
+def test_two_workers_serve_restart_and_drain(router: tuple[subprocess.Popen[str], int]) -> None:
+    """Both workers answer; a killed one comes back with a new pid; SIGTERM ends all, 0."""
+    proc, port = router
+    before = workers_seen(port, 24)
+    assert set(before) == {0, 1}, f"both workers answer: {before}"
+    assert len(set(before.values())) == 2
+    assert set(before.values()) <= children_of(proc.pid)
+    os.kill(before[0], signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    after: dict[int, int] = {}
+    while time.monotonic() < deadline and after.get(0, before[0]) == before[0]:
+        after = workers_seen(port, 8)
+        time.sleep(0.1)
+    assert after.get(0) not in (None, before[0]), "worker 0 came back with a new pid"
+    assert after.get(1, before[1]) == before[1], "worker 1 was left alone"
+    children = children_of(proc.pid)
+    assert after[0] in children
+    assert stop(proc) == 0
+    assert all_gone(children), "a child outlived the supervisor"
+
+
+def test_reserved_port_is_shared_by_reuseport_listeners() -> None:
+    reserved = reserve_port("127.0.0.1", 0)
+    port = reserved.getsockname()[1]
+    listeners = []
+    try:
+        for _ in range(2):
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            s.bind(("127.0.0.1", port))
+            s.listen()
+            listeners.append(s)
+        with socket.create_connection(("127.0.0.1", port), timeout=2):
+            pass  # accepted into one of the listeners' queues
+    finally:
+        for s in [reserved, *listeners]:
+            s.close()
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"num_workers": 0},
+        {"num_workers": 2, "private_port_base": 65535},
+        {"num_workers": 2, "backoff_initial_s": 0},
+    ],
+)
+def test_supervisor_config_rejects_bad_values(changes: dict[str, int]) -> None:
+    with pytest.raises(ValueError):
+        SupervisorConfig(**changes)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "extra", [["--workers", "0"], ["--workers", "2", "--policy", "no-such-policy"]]
+)
+def test_bad_worker_flags_exit_2_without_spawning(
+    extra: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["serve", "--backend", "http://127.0.0.1:9", "--port", "0", *extra]
+    assert main(argv) == 2
+    assert "kvroute serve:" in capsys.readouterr().err
