@@ -41,7 +41,7 @@ from kvroute.bench.procs import (
     sim_command,
 )
 from kvroute.bench.progress import rich_progress
-from kvroute.bench.runner import BenchResult, run_benchmark
+from kvroute.bench.runner import BenchResult, discover_model, run_benchmark
 from kvroute.bench.timescale import TimeScaled, scale_load
 from kvroute.bench.workloads import Workload, make_workload
 
@@ -106,8 +106,13 @@ def build_workload(config: CompareConfig) -> Workload:
     return TimeScaled(inner, config.speedup)
 
 
-def build_load(config: CompareConfig, workload: Workload) -> LoadConfig:
-    fields = {"seed": config.seed, **config.load_overrides}
+def build_load(config: CompareConfig, workload: Workload, model: str | None = None) -> LoadConfig:
+    """The workload's default load with the overrides, scaled to the engines' speed.
+
+    ``model`` (asked of an engine, since a peer router may not list the fleet's models)
+    is used unless the overrides name one.
+    """
+    fields = {"seed": config.seed, "model": model, **config.load_overrides}
     return scale_load(default_load(workload, **fields), config.speedup)
 
 
@@ -180,6 +185,11 @@ async def _router_metrics(url: str) -> str | None:
     return None
 
 
+async def _engine_model(url: str) -> str | None:
+    async with aiohttp.ClientSession() as session:
+        return await discover_model(session, url)
+
+
 def decision_counts(records: Sequence[RequestRecord]) -> dict[str, int]:
     """Measured requests per ``x-kvroute-decision`` reason (empty for routers without it)."""
     return dict(Counter(r.decision for r in measured(records) if r.decision))
@@ -203,7 +213,7 @@ async def run_one(
         async with managed(spec.name, router_cmd, log_dir / f"{stem}-router.log") as router:
             await router.wait_ready([router_url + "/health"], config.startup_timeout_s)
             workload = build_workload(config)
-            load = build_load(config, workload)
+            load = build_load(config, workload, await _engine_model(backends[0]))
             label = f"{spec.name:<16}"
             with rich_progress(
                 label, load.num_requests, load.duration_s, enabled=config.progress
