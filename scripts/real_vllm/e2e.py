@@ -165,9 +165,15 @@ def wait_router_ready(router: Proc, n: int, timeout_s: float = 60.0) -> None:
 
 
 def cold_start(engines: list[Proc], trackers: list[EventTracker]) -> None:
-    """Empty every prefix cache and wait until the event streams say so too."""
+    """Empty every prefix cache and wait until the event streams say so too.
+
+    vLLM queues the AllBlocksCleared event of ``/reset_prefix_cache`` and publishes it at
+    the engine's next scheduler step, so a one-token request per engine flushes it.
+    """
     for e in engines:
         reset_prefix_cache(e.url)
+        nudge = {"model": "tiny", "prompt": "hello", "max_tokens": 1}
+        http("POST", f"{e.url}/v1/completions", nudge, timeout_s=60.0)
     deadline = time.monotonic() + 10.0
     while time.monotonic() < deadline:
         if all(not t.snapshot().live_blocks for t in trackers):

@@ -1,0 +1,95 @@
+"""The real-vLLM scripts' pure parts, tested in the default run (no vLLM needed)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts" / "real_vllm"
+sys.path.insert(0, str(SCRIPTS))
+
+from e2e import EngineRow, ModeResult, Workload, format_table  # noqa: E402
+from events import EventTally, apply_event  # noqa: E402
+from fleet import kv_endpoints  # noqa: E402
+from make_model import CHAT_TEMPLATE, llama_config, tokenizer_config  # noqa: E402
+
+from kvroute.core.chat import render_chat  # noqa: E402
+from kvroute.engine.kv_events import (  # noqa: E402
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    decode_batch,
+    encode_batch,
+)
+
+
+def test_tally_follows_stored_removed_and_cleared() -> None:
+    t = EventTally()
+    apply_event(t, BlockStored([1, 2, 3], None, list(range(384)), 128))
+    apply_event(t, BlockRemoved([2]))
+    assert t.live_blocks == {1, 3}
+    assert (t.stored, t.removed, t.block_size) == (3, 1, 128)
+    apply_event(t, AllBlocksCleared())
+    assert t.live_blocks == set()
+    assert t.cleared == 1
+
+
+@pytest.mark.parametrize("form", ["array", "map"])
+def test_tally_reads_both_wire_forms(form: str) -> None:
+    payload = encode_batch(1.0, [BlockStored([7, 8], None, [0] * 256, 128)], form=form)
+    t = EventTally()
+    for ev in decode_batch(payload)[1]:
+        apply_event(t, ev)
+    assert t.live_blocks == {7, 8}
+
+
+def test_kv_endpoints_bind_what_vllm_binds(tmp_path: Path) -> None:
+    bind, connect = kv_endpoints(0, "ipc", tmp_path)
+    assert bind == connect and bind.startswith("ipc://")
+    bind, connect = kv_endpoints(1, "tcp", tmp_path)
+    # vLLM binds only wildcard tcp endpoints; a host address makes it connect instead.
+    assert bind.startswith("tcp://*:")
+    assert connect == "tcp://127.0.0.1:" + bind.rsplit(":", 1)[1]
+    with pytest.raises(ValueError, match="kv_transport"):
+        kv_endpoints(0, "udp", tmp_path)
+
+
+def test_chat_template_renders_what_the_router_hashes() -> None:
+    jinja2 = pytest.importorskip("jinja2")
+    # Hugging Face renders chat templates with these settings.
+    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
+    messages = [
+        {"role": "system", "content": "You help.\nBe brief."},
+        {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+        {"role": "assistant", "content": "hello"},
+        {"role": "user", "content": "more"},
+    ]
+    text = env.from_string(CHAT_TEMPLATE).render(messages=messages, add_generation_prompt=True)
+    assert text == render_chat(messages)
+
+
+def test_model_config_is_a_small_gqa_llama() -> None:
+    cfg = llama_config(256, 2, 8192)
+    assert cfg["num_attention_heads"] == 4
+    assert cfg["num_key_value_heads"] == 2
+    assert cfg["hidden_size"] == 256
+    assert tokenizer_config()["chat_template"] == CHAT_TEMPLATE
+
+
+def test_workload_args_pin_the_bench_run() -> None:
+    args = Workload(4, 1500, 64, 16, 80, 4, 0).bench_args()
+    assert args[:2] == ["--workload", "zipf-hot"]
+    assert "num_prefixes=4" in args and "prefix_tokens=1500" in args
+    assert args[args.index("--num-requests") + 1] == "80"
+    assert "--ignore-eos" in args
+
+
+def test_table_shows_each_mode_and_engine() -> None:
+    row = EngineRow("http://127.0.0.1:1", 900, 1000, 12, 12, 0.9, 20, 8)
+    ok = ModeResult("approx", "ok", 80, 0, 0.9, 0.9, 12.5, True, [row])
+    todo = ModeResult("exact", "TODO: no --mode")
+    table = format_table([ok, todo])
+    assert "90.0 %" in table and "TODO: no --mode" in table
+    assert "900/1000" in table
