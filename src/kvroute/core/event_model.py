@@ -59,6 +59,7 @@ class EventCacheModel(CacheModel):
         self._children: dict[int, set[int]] = {}  # key -> its present children
         self.visible: set[int] = set()  # present keys with a present chain to the root
         self.num_orphans = 0  # stored blocks dropped: parent engine hash never seen
+        self.num_removed = 0  # engine blocks removed by events (evictions, resets)
 
     # -- CacheModel ----------------------------------------------------------------------
 
@@ -147,6 +148,7 @@ class EventCacheModel(CacheModel):
             if key is None:
                 continue
             self._retire(engine_hash, key)
+            self.num_removed += 1
             count = self._confirmed[key] - 1
             if count:
                 self._confirmed[key] = count
