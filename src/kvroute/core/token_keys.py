@@ -1,0 +1,46 @@
+"""Exact-mode keys: the prompt's token ids as the engine will see them, cut into blocks.
+
+In exact mode the router's keys must be computed over exactly the engine's token ids
+(``core/event_model.py`` keys the engine's blocks from the token ids in its events). A
+``PromptTokenizer`` turns a request body into those ids: ``BuiltinPromptTokenizer`` for
+the simulator (``render_chat`` + the built-in tokenizer, as ``sim/protocol.py`` does);
+``router/hf_tokenizer.py`` loads a real model's ``tokenizer.json`` and chat template.
+
+Tokenizing costs real time (~15 ms for 32k tokens in Python): the proxy calls this only
+when ``Fleet.key_kind_for(model) == "tokens"``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from kvroute.core.keys import Prompt, prompt_of, token_block_hashes
+from kvroute.core.tokenizer import default_tokenizer
+
+
+class PromptTokenizer(Protocol):
+    """Token ids of a request body's prompt, as the engine computes them."""
+
+    def token_ids(self, body: dict[str, Any], chat: bool) -> list[int]:
+        """Raises ``PromptError`` (a ValueError) when the body has no readable prompt."""
+        ...
+
+
+class BuiltinPromptTokenizer:
+    """The simulator's tokenization: chat rendered by ``render_chat``, the built-in vocab."""
+
+    def token_ids(self, body: dict[str, Any], chat: bool) -> list[int]:
+        return prompt_token_ids(prompt_of(body, chat))
+
+
+def prompt_token_ids(prompt: Prompt) -> list[int]:
+    """Ids of an already parsed prompt with the built-in tokenizer (given ids pass through)."""
+    if prompt.token_ids is not None:
+        return list(prompt.token_ids)
+    assert prompt.text is not None, "Prompt holds text or token ids"
+    return default_tokenizer().encode(prompt.text)
+
+
+def exact_route_keys(token_ids: list[int], block_size: int) -> tuple[list[int], int]:
+    """(block keys, prompt tokens) for a RouteRequest in exact mode."""
+    return token_block_hashes(token_ids, block_size), len(token_ids)
