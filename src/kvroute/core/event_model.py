@@ -136,7 +136,7 @@ class EventCacheModel(CacheModel):
             self._retired.pop(engine_hash, None)
             self._confirmed[key] = self._confirmed.get(key, 0) + 1
             if self._speculative.pop(key, None) is None and self._confirmed[key] == 1:
-                added += self._make_present(key, parent)
+                self._make_present(key, parent, added)
             parent = key
         return added
 
@@ -155,7 +155,7 @@ class EventCacheModel(CacheModel):
                 continue
             del self._confirmed[key]
             if key not in self._speculative:
-                removed += self._make_absent(key)
+                self._make_absent(key, removed)
         return removed
 
     def clear(self) -> list[int]:
@@ -175,7 +175,7 @@ class EventCacheModel(CacheModel):
             count = self._speculative.get(key, 0)
             self._speculative[key] = count + 1
             if count == 0:
-                added += self._make_present(key, parent)
+                self._make_present(key, parent, added)
             parent = key
         return added
 
@@ -191,7 +191,7 @@ class EventCacheModel(CacheModel):
                 continue
             del self._speculative[key]
             if key not in self._confirmed:
-                removed += self._make_absent(key)
+                self._make_absent(key, removed)
         return removed
 
     @property
@@ -212,38 +212,48 @@ class EventCacheModel(CacheModel):
         if len(self._retired) > RETIRED_MAPPINGS:
             self._retired.popitem(last=False)
 
-    def _make_present(self, key: int, parent: int) -> list[int]:
+    def _make_present(self, key: int, parent: int, out: list[int]) -> None:
         """Link a newly present key; it (and present descendants) show if the chain is whole."""
         self._parent[key] = parent
-        self._children.setdefault(parent, set()).add(key)
-        if parent != ROOT_SEED and parent not in self.visible:
-            return []
-        added: list[int] = []
-        stack = [key]
+        siblings = self._children.get(parent)
+        if siblings is None:
+            self._children[parent] = {key}
+        else:
+            siblings.add(key)
+        visible = self.visible
+        if parent != ROOT_SEED and parent not in visible:
+            return
+        visible.add(key)
+        out.append(key)
+        if key not in self._children:
+            return  # the common case: a new tail block
+        stack = [c for c in self._children[key] if c not in visible]
         while stack:
             k = stack.pop()
-            self.visible.add(k)
-            added.append(k)
-            stack.extend(c for c in self._children.get(k, ()) if c not in self.visible)
-        return added
+            visible.add(k)
+            out.append(k)
+            stack.extend(c for c in self._children.get(k, ()) if c not in visible)
 
-    def _make_absent(self, key: int) -> list[int]:
+    def _make_absent(self, key: int, out: list[int]) -> None:
         """Unlink a key that is no longer present; it and its visible descendants hide."""
         parent = self._parent.pop(key)
         siblings = self._children[parent]
         siblings.discard(key)
         if not siblings:
             del self._children[parent]
-        if key not in self.visible:
-            return []
-        removed: list[int] = []
-        stack = [key]
+        visible = self.visible
+        if key not in visible:
+            return
+        visible.discard(key)
+        out.append(key)
+        if key not in self._children:
+            return
+        stack = [c for c in self._children[key] if c in visible]
         while stack:
             k = stack.pop()
-            self.visible.discard(k)
-            removed.append(k)
-            stack.extend(c for c in self._children.get(k, ()) if c in self.visible)
-        return removed
+            visible.discard(k)
+            out.append(k)
+            stack.extend(c for c in self._children.get(k, ()) if c in visible)
 
     def check_invariants(self) -> None:
         present = set(self._confirmed) | set(self._speculative)
