@@ -51,6 +51,7 @@ from fleet import (
 
 ADMIN_KEY = "real-vllm-e2e-admin"
 MODES = ("exact", "approx", "round_robin")
+SETTLE_S = 4.0  # after a run, before comparing the router's view with the events
 POLICY_OF = {"exact": "prefix", "approx": "prefix", "round_robin": "round_robin"}
 
 
@@ -113,29 +114,40 @@ def kvroute_bin() -> Path:
     return Path(sys.executable).parent / "kvroute"
 
 
-def exact_mode_supported() -> bool:
-    """True once ``kvroute serve`` has a ``--mode`` flag (exact mode wired in the router)."""
+def exact_mode_missing() -> str | None:
+    """Why the router cannot run exact mode on this model yet, or None when it can.
+
+    Needs ``kvroute serve --mode`` and, for a real model's token ids, ``tokenizers`` and
+    ``jinja2`` in the router's own venv.
+    """
     out = subprocess.run(
         [str(kvroute_bin()), "serve", "--help"], capture_output=True, text=True, check=False
     )
-    return "--mode" in out.stdout
+    if "--mode" not in out.stdout:
+        return "TODO: kvroute serve has no --mode exact yet"
+    probe = [sys.executable, "-c", "import tokenizers, jinja2"]
+    if subprocess.run(probe, capture_output=True, check=False).returncode != 0:
+        return f"TODO: exact keys need tokenizers + jinja2 in {Path(sys.executable).parent.parent}"
+    return None
 
 
-def router_config(engines: list[Proc], path: Path) -> Path:
-    """YAML for exact mode: each backend with its KV-event endpoint."""
-    lines = ["backends:"]
+def router_config(engines: list[Proc], model_dir: Path, path: Path) -> Path:
+    """YAML for exact mode: each backend with its KV-event endpoint, the model's tokenizer."""
+    lines = ["mode: exact", "tokenizers:", f"  tiny: {model_dir.resolve()}", "backends:"]
     for e in engines:
         lines += [f"  - url: {e.url}", f"    kv_events: {e.kv_endpoint}"]
+        lines += [f"    kv_replay: {e.kv_replay}"] if e.kv_replay else []
     path.write_text("\n".join(lines) + "\n")
     return path
 
 
-def start_router(mode: str, engines: list[Proc], run_dir: Path) -> Proc:
+def start_router(mode: str, engines: list[Proc], model_dir: Path, run_dir: Path) -> Proc:
     port = free_port()
     argv = [str(kvroute_bin()), "serve", "--port", str(port), "--policy", POLICY_OF[mode]]
     argv += ["--admin-key", ADMIN_KEY, "--log-level", "WARNING"]
     if mode == "exact":
-        argv += ["--mode", "exact", "--config", str(router_config(engines, run_dir / "exact.yaml"))]
+        config = router_config(engines, model_dir, run_dir / "exact.yaml")
+        argv += ["--mode", "exact", "--config", str(config)]
     else:
         for e in engines:
             argv += ["--backend", e.url]
@@ -195,19 +207,26 @@ def run_bench(router: Proc, engines: list[Proc], wl: Workload, mode: str, out: P
 
 
 def run_mode(
-    mode: str, engines: list[Proc], trackers: list[EventTracker], wl: Workload, run_dir: Path
+    mode: str,
+    engines: list[Proc],
+    trackers: list[EventTracker],
+    wl: Workload,
+    model_dir: Path,
+    run_dir: Path,
 ) -> ModeResult:
     """One fresh router, cold engines, one workload run; the engines keep running."""
     cold_start(engines, trackers)
     before = [engine_counters(e.url) for e in engines]
     events_before = [t.snapshot() for t in trackers]
-    router = start_router(mode, engines, run_dir)
+    router = start_router(mode, engines, model_dir, run_dir)
     try:
         wait_router_ready(router, len(engines))
         t0 = time.monotonic()
         result = run_bench(router, engines, wl, mode, run_dir / f"bench-{mode}")
         duration = time.monotonic() - t0
-        time.sleep(2.0)  # let the last events reach the router and the trackers
+        # Let the last events reach the router and the trackers, and (exact mode) the
+        # router's speculative credits (speculative_ttl_s, 3 s by default) expire.
+        time.sleep(SETTLE_S)
         rows = {r["url"]: r for r in admin_rows(router)}
     finally:
         stop(router)
@@ -268,14 +287,14 @@ def run_all(args: argparse.Namespace, wl: Workload, run_dir: Path) -> list[ModeR
             f"block_size={info.get('block_size')} num_gpu_blocks={info.get('num_gpu_blocks')}",
             flush=True,
         )
-        exact_ok = exact_mode_supported()
+        exact_missing = exact_mode_missing()
         for mode in args.modes:
-            if mode == "exact" and not exact_ok:
-                results.append(ModeResult(mode, "TODO: kvroute serve has no --mode exact yet"))
+            if mode == "exact" and exact_missing:
+                results.append(ModeResult(mode, exact_missing))
                 continue
             print(f"mode {mode} ...", flush=True)
             try:
-                results.append(run_mode(mode, engines, trackers, wl, run_dir))
+                results.append(run_mode(mode, engines, trackers, wl, args.model_dir, run_dir))
             except RuntimeError as exc:
                 results.append(ModeResult(mode, f"error: {exc}"))
     finally:

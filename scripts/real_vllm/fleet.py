@@ -54,7 +54,8 @@ class Proc:
     popen: subprocess.Popen[bytes]  # the process (leader of its own group)
     log_path: Path  # stdout + stderr
     url: str  # http://127.0.0.1:PORT
-    kv_endpoint: str | None = None  # tcp://127.0.0.1:PORT where its KV events are published
+    kv_endpoint: str | None = None  # where subscribers connect for its KV events (ZMQ PUB)
+    kv_replay: str | None = None  # its replay endpoint (ZMQ ROUTER: missed batches by seq)
 
     def alive(self) -> bool:
         return self.popen.poll() is None
@@ -105,10 +106,12 @@ def start_vllm(index: int, opts: VllmOptions, log_dir: Path) -> Proc:
     """One vLLM OpenAI server with prefix caching and ZMQ KV events, on free ports."""
     port = free_port()
     bind, connect = kv_endpoints(index, opts.kv_transport, log_dir)
+    replay_bind, replay_connect = kv_endpoints(index, opts.kv_transport, log_dir, "replay")
     kv_config = {
         "enable_kv_cache_events": True,
         "publisher": "zmq",
         "endpoint": bind,
+        "replay_endpoint": replay_bind,
         "topic": opts.kv_topic,
     }
     argv = [
@@ -136,18 +139,18 @@ def start_vllm(index: int, opts: VllmOptions, log_dir: Path) -> Proc:
     if opts.pin_cores:
         env["VLLM_CPU_OMP_THREADS_BIND"] = str(index % (os.cpu_count() or 1))
     proc = spawn(f"vllm-{index}", argv, env, log_dir, f"http://127.0.0.1:{port}")
-    proc.kv_endpoint = connect
+    proc.kv_endpoint, proc.kv_replay = connect, replay_connect
     return proc
 
 
-def kv_endpoints(index: int, transport: str, run_dir: Path) -> tuple[str, str]:
+def kv_endpoints(index: int, transport: str, run_dir: Path, kind: str = "kv") -> tuple[str, str]:
     """(endpoint vLLM binds, endpoint subscribers connect to).
 
     vLLM's publisher binds only wildcard and ipc endpoints; given ``tcp://127.0.0.1:P`` it
     *connects* (expecting the subscriber to bind), so a loopback tcp endpoint never works.
     """
     if transport == "ipc":
-        path = (run_dir / f"kv-{index}.sock").resolve()
+        path = (run_dir / f"{kind}-{index}.sock").resolve()
         return f"ipc://{path}", f"ipc://{path}"
     if transport == "tcp":
         port = free_port()
