@@ -42,6 +42,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("--worker-port-base", type=int, metavar="P",
                    help="with --workers N: worker i also listens alone on port P+i "
                    "(per-worker /metrics and /admin)")  # fmt: skip
+    p.add_argument("--no-worker-sync", dest="worker_sync", action="store_false",
+                   help="with --workers N: workers do not tell each other their routing "
+                   "decisions (each index sees only its own requests)")  # fmt: skip
     p.add_argument("--log-level", default="WARNING", help="python logging level")
     p.set_defaults(func=run)
 
@@ -90,6 +93,7 @@ def _run_workers(config: RouterConfig, args: argparse.Namespace) -> int:
         num_workers=args.workers,
         private_port_base=args.worker_port_base,
         log_level=args.log_level,
+        share_decisions=args.worker_sync,
     )
     return run_workers(config, sup)
 

@@ -30,9 +30,11 @@ import contextlib
 import logging
 import multiprocessing
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
@@ -44,6 +46,7 @@ from aiohttp import web
 
 from kvroute.router.app import build_fleet, make_app
 from kvroute.router.config import RouterConfig
+from kvroute.router.worker_sync import BusSpec, attach_bus
 
 log = logging.getLogger("kvroute.router.workers")
 WORKER_HEADER = "x-kvroute-worker"
@@ -56,6 +59,7 @@ class SupervisorConfig:
     num_workers: int  # router processes sharing the port, >= 1
     private_port_base: int | None = None  # worker i also listens alone on this + i
     log_level: str = "WARNING"  # python logging level inside the workers
+    share_decisions: bool = True  # workers tell each other their dispatches (worker_sync)
     start_timeout_s: float = 60.0  # a worker not ready by then counts as failed
     backoff_initial_s: float = 0.5  # delay before the first restart of a crashed worker
     backoff_max_s: float = 10.0  # the delay doubles per crash up to this
@@ -92,7 +96,12 @@ def reserve_port(host: str, port: int) -> socket.socket:
 
 
 def worker_main(
-    config: RouterConfig, index: int, private_port: int | None, log_level: str, ready: Connection
+    config: RouterConfig,
+    index: int,
+    private_port: int | None,
+    bus: BusSpec | None,
+    log_level: str,
+    ready: Connection,
 ) -> None:
     """Entry point of one worker process (multiprocessing spawn target)."""
     _die_with_parent()
@@ -105,7 +114,7 @@ def worker_main(
         uvloop.install()
     except ImportError:  # pragma: no cover - uvloop is a dependency off Windows
         pass
-    asyncio.run(serve_worker(config, index, private_port, ready))
+    asyncio.run(serve_worker(config, index, private_port, bus, ready))
 
 
 def _die_with_parent() -> None:
@@ -131,11 +140,17 @@ def worker_header_hook(value: str) -> Callable[[web.Request, web.StreamResponse]
 
 
 async def serve_worker(
-    config: RouterConfig, index: int, private_port: int | None, ready: Connection
+    config: RouterConfig,
+    index: int,
+    private_port: int | None,
+    bus: BusSpec | None,
+    ready: Connection,
 ) -> None:
     """One worker: the router app on the shared port (SO_REUSEPORT); drain on SIGTERM."""
     app = make_app(config)
     app.on_response_prepare.append(worker_header_hook(f"{index}:{os.getpid()}"))
+    if bus is not None:
+        attach_bus(app, bus)
     runner = web.AppRunner(
         app,
         handler_cancellation=True,
@@ -190,6 +205,7 @@ class Supervisor:
         self.slots = [_Slot(i, backoff_s=sup.backoff_initial_s) for i in range(sup.num_workers)]
         self.stopping = False
         self._ctx = multiprocessing.get_context("spawn")
+        self._bus_dir: str | None = None  # ipc sockets of the decision bus
 
     def request_stop(self, signum: int = signal.SIGTERM, frame: Any = None) -> None:
         """Signal handler: begin a graceful shutdown (workers are told in ``run``)."""
@@ -203,6 +219,8 @@ class Supervisor:
         self.config = replace(self.config, port=port)
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, self.request_stop)
+        if self.sup.share_decisions and len(self.slots) > 1:
+            self._bus_dir = tempfile.mkdtemp(prefix="kvroute-workers-")
         try:
             for slot in self.slots:
                 self._start(slot)
@@ -222,12 +240,17 @@ class Supervisor:
             return self._shutdown()
         finally:
             reserved.close()
+            if self._bus_dir is not None:
+                shutil.rmtree(self._bus_dir, ignore_errors=True)
 
     def _start(self, slot: _Slot) -> None:
         read_end, write_end = self._ctx.Pipe(duplex=False)
         base = self.sup.private_port_base
         private_port = None if base is None else base + slot.index
-        args = (self.config, slot.index, private_port, self.sup.log_level, write_end)
+        bus = None
+        if self._bus_dir is not None:
+            bus = BusSpec(self._bus_dir, slot.index, len(self.slots))
+        args = (self.config, slot.index, private_port, bus, self.sup.log_level, write_end)
         proc = self._ctx.Process(
             target=worker_main, args=args, name=f"kvroute-worker-{slot.index}", daemon=True
         )
