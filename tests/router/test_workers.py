@@ -7,6 +7,7 @@ each, so the kernel's SO_REUSEPORT hash spreads them over the workers.
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import os
@@ -21,9 +22,14 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
 import pytest
+import zmq.asyncio
 
 from kvroute.cli import main
+from kvroute.core.policy.base import RouteRequest
+from kvroute.router.app import build_fleet
+from kvroute.router.worker_sync import BusSpec, DecisionBus, share_dispatches
 from kvroute.router.workers import WORKER_HEADER, SupervisorConfig, reserve_port
 
 KVROUTE = [sys.executable, "-m", "kvroute.cli"]
@@ -101,15 +107,16 @@ def router(sim_urls: list[str]) -> Iterator[tuple[subprocess.Popen[str], int]]:
         stop(proc)
 
 
-def complete(port: int, prompt: str) -> tuple[int, str]:
-    """One completion on a fresh connection: (status, x-kvroute-worker)."""
+def complete(port: int, prompt: str) -> tuple[int, str, str, str]:
+    """One completion on a fresh connection: (status, worker, backend, decision)."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     try:
         body = json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": 2})
         conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
         resp = conn.getresponse()
         resp.read()
-        return resp.status, resp.getheader(WORKER_HEADER) or ""
+        headers = [resp.getheader(h) or "" for h in (WORKER_HEADER, "x-kvroute-backend")]
+        return resp.status, *headers, resp.getheader("x-kvroute-decision") or ""
     finally:
         conn.close()
 
@@ -119,7 +126,7 @@ def workers_seen(port: int, num_requests: int) -> dict[int, int]:
     seen: dict[int, int] = {}
     for i in range(num_requests):
         try:
-            status, worker = complete(port, f"request {i}: tell me about the sea")
+            status, worker, _, _ = complete(port, f"request {i}: tell me about the sea")
         except OSError:
             continue  # a connection queued at a worker that was just killed
         assert status == 200
@@ -157,6 +164,21 @@ def all_gone(pids: set[int], timeout_s: float = 5.0) -> bool:
         time.sleep(0.1)
 
 
+def assert_workers_share_a_prefix(port: int) -> None:
+    """A long prefix first routed by one worker is a "prefix" hit at the other one too."""
+    prompt = "Shared system prompt about tides and harbours. " * 30
+    _, first_worker, backend, _ = complete(port, prompt + "first")
+    time.sleep(0.3)  # the other worker hears of the dispatch over the bus
+    others = []
+    for i in range(30):
+        status, worker, got, decision = complete(port, prompt + f"question {i}")
+        assert status == 200
+        if worker.split(":")[0] != first_worker.split(":")[0]:
+            others.append((got, decision))
+    assert others, "no request reached the other worker"
+    assert all(o == (backend, "prefix") for o in others), others
+
+
 def test_two_workers_serve_restart_and_drain(router: tuple[subprocess.Popen[str], int]) -> None:
     """Both workers answer; a killed one comes back with a new pid; SIGTERM ends all, 0."""
     proc, port = router
@@ -164,6 +186,7 @@ def test_two_workers_serve_restart_and_drain(router: tuple[subprocess.Popen[str]
     assert set(before) == {0, 1}, f"both workers answer: {before}"
     assert len(set(before.values())) == 2
     assert set(before.values()) <= children_of(proc.pid)
+    assert_workers_share_a_prefix(port)
     os.kill(before[0], signal.SIGKILL)
     deadline = time.monotonic() + 30
     after: dict[int, int] = {}
@@ -218,3 +241,42 @@ def test_bad_worker_flags_exit_2_without_spawning(
     argv = ["serve", "--backend", "http://127.0.0.1:9", "--port", "0", *extra]
     assert main(argv) == 2
     assert "kvroute serve:" in capsys.readouterr().err
+
+
+async def test_decision_bus_gives_peers_the_same_holders(tmp_path: Path) -> None:
+    """Worker 0 dispatches a prefix; worker 1's index then holds it on the same backend."""
+    context = zmq.asyncio.Context()
+    urls = ["http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3"]
+    fleets = [build_fleet("prefix") for _ in range(2)]
+    for fleet in fleets:
+        for url in urls:
+            fleet.add_backend(url)
+    buses = [DecisionBus(BusSpec(str(tmp_path), i, 2), fleets[i], context) for i in range(2)]
+    share_dispatches(fleets[0], buses[0])
+    tasks = [asyncio.create_task(bus.receive_forever()) for bus in buses]
+    req = RouteRequest("r1", None, [11, 12, 13, 14], 64, 4)
+    try:
+        first = fleets[0].route(req, 0.0)
+        assert first is not None
+        for _ in range(200):  # PUB drops until the SUB has connected: send again
+            fleets[0].finish(fleets[0].dispatch(first, req, 0.0), 0.0, True)
+            await asyncio.sleep(0.01)
+            if fleets[1].index.matched_blocks(first.backend, req.block_hashes) == 4:
+                break
+        second = fleets[1].route(req, 1.0)
+        assert second is not None
+        assert (second.backend, second.reason) == (first.backend, "prefix")
+        assert buses[0].num_applied == 0, "a worker does not hear itself"
+        buses[1].apply(b"not msgpack")  # dropped with a warning, no exception
+        applied = buses[1].num_applied
+        buses[1].apply(msgspec.msgpack.encode(("http://elsewhere:9", [1])))  # unknown URL
+        assert buses[1].num_applied == applied
+        for fleet in fleets:
+            fleet.check_invariants()
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for bus in buses:
+            bus.close()
+        context.term()
