@@ -114,11 +114,36 @@ def kvroute_bin() -> Path:
     return Path(sys.executable).parent / "kvroute"
 
 
-def exact_mode_missing() -> str | None:
-    """Why the router cannot run exact mode on this model yet, or None when it can.
+def router_env(venv: Path, run_dir: Path) -> dict[str, str]:
+    """The router's environment; borrows tokenizers + jinja2 from the vLLM venv if needed.
+
+    Exact keys on a real model need both packages in the router's Python. When they are
+    missing there and the vLLM venv has the same Python version, a folder of symlinks to
+    just those packages goes first on the router's PYTHONPATH (nothing is installed).
+    """
+    env = dict(os.environ)
+    probe = [sys.executable, "-c", "import tokenizers, jinja2"]
+    if subprocess.run(probe, capture_output=True, check=False).returncode == 0:
+        return env
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    site = (venv / "lib" / version / "site-packages").resolve()
+    names = ("tokenizers", "jinja2", "markupsafe")
+    if not all((site / n).is_dir() for n in names):
+        return env
+    extras = run_dir / "router-extras"
+    extras.mkdir(exist_ok=True)
+    for name in names:
+        if not (extras / name).exists():
+            (extras / name).symlink_to(site / name, target_is_directory=True)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(extras), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def exact_mode_missing(env: dict[str, str]) -> str | None:
+    """Why the router cannot run exact mode on this model, or None when it can.
 
     Needs ``kvroute serve --mode`` and, for a real model's token ids, ``tokenizers`` and
-    ``jinja2`` in the router's own venv.
+    ``jinja2`` importable by the router (see ``router_env``).
     """
     out = subprocess.run(
         [str(kvroute_bin()), "serve", "--help"], capture_output=True, text=True, check=False
@@ -126,7 +151,7 @@ def exact_mode_missing() -> str | None:
     if "--mode" not in out.stdout:
         return "TODO: kvroute serve has no --mode exact yet"
     probe = [sys.executable, "-c", "import tokenizers, jinja2"]
-    if subprocess.run(probe, capture_output=True, check=False).returncode != 0:
+    if subprocess.run(probe, capture_output=True, check=False, env=env).returncode != 0:
         return f"TODO: exact keys need tokenizers + jinja2 in {Path(sys.executable).parent.parent}"
     return None
 
@@ -141,17 +166,27 @@ def router_config(engines: list[Proc], model_dir: Path, path: Path) -> Path:
     return path
 
 
-def start_router(mode: str, engines: list[Proc], model_dir: Path, run_dir: Path) -> Proc:
+@dataclass(frozen=True, slots=True)
+class RouterSetup:
+    """What every router start needs besides the mode."""
+
+    model_dir: Path  # the model's tokenizer (exact keys)
+    env: dict[str, str]  # the router's environment (router_env)
+    run_dir: Path  # logs and generated configs
+
+
+def start_router(mode: str, engines: list[Proc], setup: RouterSetup) -> Proc:
     port = free_port()
     argv = [str(kvroute_bin()), "serve", "--port", str(port), "--policy", POLICY_OF[mode]]
     argv += ["--admin-key", ADMIN_KEY, "--log-level", "WARNING"]
     if mode == "exact":
-        config = router_config(engines, model_dir, run_dir / "exact.yaml")
+        config = router_config(engines, setup.model_dir, setup.run_dir / "exact.yaml")
         argv += ["--mode", "exact", "--config", str(config)]
     else:
         for e in engines:
             argv += ["--backend", e.url]
-    return spawn(f"router-{mode}", argv, dict(os.environ), run_dir, f"http://127.0.0.1:{port}")
+    url = f"http://127.0.0.1:{port}"
+    return spawn(f"router-{mode}", argv, setup.env, setup.run_dir, url)
 
 
 def admin_rows(router: Proc) -> list[dict[str, Any]]:
@@ -211,18 +246,17 @@ def run_mode(
     engines: list[Proc],
     trackers: list[EventTracker],
     wl: Workload,
-    model_dir: Path,
-    run_dir: Path,
+    setup: RouterSetup,
 ) -> ModeResult:
     """One fresh router, cold engines, one workload run; the engines keep running."""
     cold_start(engines, trackers)
     before = [engine_counters(e.url) for e in engines]
     events_before = [t.snapshot() for t in trackers]
-    router = start_router(mode, engines, model_dir, run_dir)
+    router = start_router(mode, engines, setup)
     try:
         wait_router_ready(router, len(engines))
         t0 = time.monotonic()
-        result = run_bench(router, engines, wl, mode, run_dir / f"bench-{mode}")
+        result = run_bench(router, engines, wl, mode, setup.run_dir / f"bench-{mode}")
         duration = time.monotonic() - t0
         # Let the last events reach the router and the trackers, and (exact mode) the
         # router's speculative credits (speculative_ttl_s, 3 s by default) expire.
@@ -287,14 +321,15 @@ def run_all(args: argparse.Namespace, wl: Workload, run_dir: Path) -> list[ModeR
             f"block_size={info.get('block_size')} num_gpu_blocks={info.get('num_gpu_blocks')}",
             flush=True,
         )
-        exact_missing = exact_mode_missing()
+        setup = RouterSetup(args.model_dir, router_env(args.venv, run_dir), run_dir)
+        exact_missing = exact_mode_missing(setup.env)
         for mode in args.modes:
             if mode == "exact" and exact_missing:
                 results.append(ModeResult(mode, exact_missing))
                 continue
             print(f"mode {mode} ...", flush=True)
             try:
-                results.append(run_mode(mode, engines, trackers, wl, args.model_dir, run_dir))
+                results.append(run_mode(mode, engines, trackers, wl, setup))
             except RuntimeError as exc:
                 results.append(ModeResult(mode, f"error: {exc}"))
     finally:

@@ -1,6 +1,6 @@
 """kvroute in front of two real vLLM CPU engines (opt-in: KVROUTE_REAL_VLLM=1).
 
-Runs scripts/real_vllm/e2e.py once at a small size (two engines, 40 requests per mode)
+Runs scripts/real_vllm/e2e.py once at a small size (two engines, 80 requests per mode)
 and checks what the engines' own counters say: routing by prefix gets a higher
 prefix-cache hit rate than round-robin, nothing fails, and in exact mode the router's
 view of each engine equals what that engine's KV events say it holds.
@@ -18,7 +18,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 E2E = REPO / "scripts" / "real_vllm" / "e2e.py"
-REQUESTS = 40
+REQUESTS = 80
 
 pytestmark = pytest.mark.real_vllm
 
