@@ -94,6 +94,10 @@ class BackendState:
     kv_num_restarts: int = 0  # engine restarts seen in its event stream
     kv_num_events: int = 0  # KV events applied
     speculative_blocks: int = 0  # exact mode: dispatched keys not yet confirmed by events
+    own_in_flight_requests: int = 0  # the router's own dispatched, unfinished requests
+    reported_predicted_tokens: int = 0  # predicted cached tokens of the requests that reported
+    num_reported: int = 0  # requests whose engine reported cached_tokens
+    num_reported_exact: int = 0  # of which the router's prediction was exactly the report
 
 
 class _Backend:
@@ -140,7 +144,8 @@ class _Backend:
         )
         self.open_tickets: dict[int, Ticket] = {}
         self.predicted = [0, 0]  # [hit tokens, query tokens]
-        self.reported = [0, 0]  # [hit tokens, query tokens]
+        # [hit tokens, query tokens, predicted hit tokens, requests, exactly predicted]
+        self.reported = [0, 0, 0, 0, 0]
         # [last hits, last queries, hit delta sum, query delta sum]; None until first scrape
         self.engine_counters: list[int | None] = [None, None, 0, 0]
         self.num_dispatched = 0
@@ -236,14 +241,17 @@ class Fleet:
 
     # -- membership --------------------------------------------------------------------
 
-    def add_backend(self, url: str, *, models: Iterable[str] = (), weight: float = 1.0) -> None:
-        """Add a backend (healthy, not draining). ValueError if present or weight <= 0."""
+    def add_backend(
+        self, url: str, *, models: Iterable[str] = (), weight: float = 1.0, healthy: bool = True
+    ) -> None:
+        """Add a backend (not draining). ValueError if present or weight <= 0."""
         if url in self._backends:
             raise ValueError(f"backend already in the fleet: {url}")
         if not weight > 0:
             raise ValueError(f"weight must be > 0, got {weight}")
         self._next_epoch += 1
         b = _Backend(url, self._next_epoch, models, float(weight), self.config.cost)
+        b.healthy = healthy
         self._backends[url] = b
         self.index.add_backend(url, LruCacheModel(self.config.default_capacity_blocks))
         self.sync.add_backend(url)
@@ -266,7 +274,12 @@ class Fleet:
         self._membership_changed(b)
 
     def set_healthy(self, url: str, healthy: bool) -> None:
+        """An unhealthy backend also loses its scraped engine gauges: a dead engine's last
+        queue and KV usage must not count (the next scrape after recovery refills them)."""
         b = self._get(url)
+        if not healthy:
+            b.load.engine_num_running = b.load.engine_num_waiting = None
+            b.kv_cache_usage = None
         if b.healthy != healthy:
             b.healthy = healthy
             self._membership_changed(b)
@@ -407,11 +420,12 @@ class Fleet:
         return ticket
 
     def predicted_cached_tokens(self, url: str, req: RouteRequest) -> int:
-        """Tokens of ``req`` the cache model of ``url`` holds, capped at prompt - 1."""
+        """Tokens of ``req`` the cache model of ``url`` holds, in whole blocks within prompt - 1
+        (as vLLM: a prompt that is exactly its cached blocks recomputes its last block)."""
         b = self._get(url)
         blocks = self.index.matched_blocks(url, req.block_hashes)
         bs = b.block_size or self.config.default_block_size
-        return max(0, min(blocks * bs, req.num_prompt_tokens - 1))
+        return max(0, min(blocks, (req.num_prompt_tokens - 1) // bs) * bs)
 
     def on_first_token(self, ticket: Ticket, now: float, cached_tokens: int | None = None) -> None:
         """Prefill done: release queued prefill tokens, learn the prefill rate (once)."""
@@ -442,8 +456,12 @@ class Fleet:
             return
         cached = max(0, min(int(cached_tokens), ticket.num_prompt_tokens))
         ticket.reported_cached_tokens = cached
-        b.reported[0] += cached
-        b.reported[1] += ticket.num_prompt_tokens
+        r = b.reported
+        r[0] += cached
+        r[1] += ticket.num_prompt_tokens
+        r[2] += ticket.predicted_cached_tokens
+        r[3] += 1
+        r[4] += cached == ticket.predicted_cached_tokens
 
     def finish(self, ticket: Ticket, now: float, ok: bool) -> None:
         """The request ended (success, error, timeout, disconnect): release once; again: no-op."""
@@ -571,6 +589,10 @@ class Fleet:
             kv_num_restarts=s.num_restarts,
             kv_num_events=s.num_events,
             speculative_blocks=model.num_speculative if model is not None else 0,
+            own_in_flight_requests=b.load.in_flight_requests,
+            reported_predicted_tokens=b.reported[2],
+            num_reported=b.reported[3],
+            num_reported_exact=b.reported[4],
         )
 
     def check_invariants(self) -> None:

@@ -60,7 +60,7 @@ async def handle_add(request: web.Request) -> web.Response:
     """Add a backend; it takes traffic after its first good health probe (run at once)."""
     state = _authorize(request)
     body = await _json_object(request)
-    unknown = set(body) - {"url", "api_key", "weight"}
+    unknown = set(body) - {"url", "api_key", "weight", "kv_events", "kv_replay"}
     if unknown:
         raise BadRequest(f"unknown fields {sorted(unknown)}")
     try:
@@ -69,10 +69,17 @@ async def handle_add(request: web.Request) -> web.Response:
         raise BadRequest(str(exc)) from None
     if state.backends.get(config.url) is not None:
         raise BadRequest(f"backend {config.url} is already present")
-    rt = state.backends.add(config)
+    rt = state.add_backend(config)
     await probe(state, rt)
+    followed = state.kv is not None and config.kv_events is not None
     return web.json_response(
-        {"url": rt.url, "healthy": rt.routable, "models": list(rt.models)}, status=201
+        {
+            "url": rt.url,
+            "healthy": rt.routable,
+            "models": list(rt.models),
+            "kv_events": config.kv_events if followed else None,
+        },
+        status=201,
     )
 
 
@@ -81,7 +88,7 @@ async def handle_remove(request: web.Request) -> web.Response:
     state = _authorize(request)
     url = await _url_of(request)
     try:
-        state.backends.remove(url)
+        state.remove_backend(url)  # its KV-event feed stops too
     except KeyError:
         raise NotFound(f"no backend {url}") from None
     return web.json_response({"removed": url})
@@ -107,8 +114,38 @@ async def handle_drain(request: web.Request) -> web.Response:
     )
 
 
+async def handle_kv(request: web.Request) -> web.Response:
+    """Per backend, what the router's view holds (for checking it against the engines)."""
+    state = _authorize(request)
+    return web.json_response({"mode": state.fleet.config.mode, "backends": kv_views(state)})
+
+
+def kv_views(state: RouterState) -> list[dict[str, Any]]:
+    """Held blocks per backend; in exact mode also the confirmed key count and a digest of
+    the confirmed keys (sum mod 2**64), which a check can recompute from the events."""
+    out = []
+    for url in state.fleet.urls():
+        model = state.fleet.sync.model(url)
+        sub = state.kv.status(url) if state.kv is not None else None
+        row: dict[str, Any] = {
+            "url": url,
+            "mode": "exact" if model is not None else "approximate",
+            "index_blocks": state.fleet.index.num_blocks(url),
+            "confirmed_blocks": model.num_confirmed if model is not None else None,
+            "speculative_blocks": model.num_speculative if model is not None else None,
+            "confirmed_digest": (
+                str(sum(model.confirmed_keys()) % 2**64) if model is not None else None
+            ),
+            "kv_last_seq": sub.last_seq if sub is not None else None,
+            "kv_running": sub.running if sub is not None else None,
+        }
+        out.append(row)
+    return out
+
+
 def add_routes(app: web.Application) -> None:
     app.router.add_get("/admin/backends", handle_list)
     app.router.add_post("/admin/backends", handle_add)
     app.router.add_delete("/admin/backends", handle_remove)
     app.router.add_post("/admin/backends/drain", handle_drain)
+    app.router.add_get("/admin/kv", handle_kv)

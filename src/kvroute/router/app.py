@@ -2,7 +2,8 @@
 
 The handlers are thin (style.md §7.12): parsing, the Fleet and relaying live in their own
 modules. One middleware turns every error into the OpenAI shape and counts requests.
-Long-lived resources (upstream pool, health loop, scraper) live in a cleanup context.
+Long-lived resources (upstream pool, health loop, scraper, KV-event feeds) live in a
+cleanup context.
 """
 
 from __future__ import annotations
@@ -17,13 +18,15 @@ import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from kvroute.core.fleet import Fleet
+from kvroute.core.fleet import Fleet, FleetConfig
+from kvroute.core.token_keys import PromptTokenizer
 from kvroute.router import admin
 from kvroute.router.backends import Backends
 from kvroute.router.clients import ClientGate
 from kvroute.router.config import RouterConfig
 from kvroute.router.errors import KvrouteError, error_bytes
 from kvroute.router.health import health_loop, probe_all
+from kvroute.router.kv_subscriber import KvEventSubscriber
 from kvroute.router.metrics import BackendCollector, RouterMetrics
 from kvroute.router.proxy import CHAT_PATH, COMPLETIONS_PATH, handle_chat, handle_completions
 from kvroute.router.scraper import scrape_loop
@@ -45,11 +48,39 @@ _HTTP_ERRORS = {
 _UNCOUNTED_PATHS = frozenset({"/health", "/metrics", "/"})
 
 
-def build_fleet(policy: str) -> Fleet:
-    """The core Fleet with the named policy (ValueError lists the known names)."""
+def build_fleet(policy: str, *, mode: str = "approximate", speculative_ttl_s: float = 3.0) -> Fleet:
+    """The core Fleet with the named policy (ValueError lists the known names) and mode."""
     from kvroute.core.policy import make_policy
 
-    return Fleet(make_policy(policy))
+    config = FleetConfig(mode=mode, speculative_ttl_s=speculative_ttl_s)
+    return Fleet(make_policy(policy), config)
+
+
+def build_kv_subscriber(
+    config: RouterConfig, fleet: Fleet, clock: Callable[[], float]
+) -> KvEventSubscriber | None:
+    """One feed per backend with ``kv_events`` (None in approximate mode: keys are text,
+    events would only cost CPU; configured endpoints are then ignored with a warning)."""
+    with_events = [b for b in config.backends if b.kv_events]
+    if config.resolved_mode == "approximate":
+        if with_events:
+            log.warning("mode approximate: kv_events of %d backend(s) ignored", len(with_events))
+        return None
+    if not with_events:
+        log.warning("mode %s without kv_events: no backend can be exact", config.resolved_mode)
+    return KvEventSubscriber(
+        fleet,
+        {b.url: b.kv_events for b in with_events if b.kv_events},
+        {b.url: b.kv_replay for b in with_events if b.kv_replay},
+        clock=clock,
+    )
+
+
+def load_tokenizers(config: RouterConfig) -> dict[str, PromptTokenizer]:
+    """The configured per-model tokenizers (ImportError/ValueError at startup, not later)."""
+    from kvroute.router.hf_tokenizer import load_tokenizer
+
+    return {model: load_tokenizer(path) for model, path in config.tokenizers.items()}
 
 
 def make_app(
@@ -60,7 +91,10 @@ def make_app(
     fleet: Fleet | None = None,
 ) -> web.Application:
     """The router app. ``session``: an upstream pool to use (else one is made and closed)."""
-    fleet = fleet if fleet is not None else build_fleet(config.policy)
+    if fleet is None:
+        fleet = build_fleet(
+            config.policy, mode=config.resolved_mode, speculative_ttl_s=config.speculative_ttl_s
+        )
     metrics = RouterMetrics()
     backends = Backends(
         fleet,
@@ -77,9 +111,11 @@ def make_app(
         gate=ClientGate(config.client_keys, clock),
         metrics=metrics,
         session=session,
+        kv=build_kv_subscriber(config, fleet, clock),
+        model_to_tokenizer=load_tokenizers(config),
     )
     for backend in config.backends:
-        backends.add(backend)
+        backends.add(backend)  # the subscriber already knows their endpoints
     metrics.add_collector(BackendCollector(lambda: backend_rows(state)))
     app = web.Application(
         client_max_size=config.limits.max_body_bytes, middlewares=[error_middleware]
@@ -104,6 +140,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     if own_session:
         state.session = make_session(state.config)
     try:
+        if state.kv is not None:
+            await state.kv.start()  # feeds run beside the request path, never in it
         await probe_all(state)
         state.spawn(health_loop(state))
         if state.config.health.scrape_interval_s > 0:
@@ -114,6 +152,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if state.kv is not None:
+            await state.kv.stop()
         state.backends.close()
         if own_session and state.session is not None:
             await state.session.close()

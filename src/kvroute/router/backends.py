@@ -32,7 +32,9 @@ class EngineSample:
 class FleetLike(Protocol):
     """The part of ``kvroute.core.fleet.Fleet`` this module drives."""
 
-    def add_backend(self, url: str, *, models: Any = (), weight: float = 1.0) -> None: ...
+    def add_backend(
+        self, url: str, *, models: Any = (), weight: float = 1.0, healthy: bool = True
+    ) -> None: ...
     def remove_backend(self, url: str) -> None: ...
     def set_models(self, url: str, models: Any) -> None: ...
     def set_healthy(self, url: str, healthy: bool) -> None: ...
@@ -108,8 +110,8 @@ class Backends:
             rt.auth_header = f"Bearer {config.api_key}"
         self._by_url[config.url] = rt
         self._num_unlisted += 1
-        self._fleet.add_backend(config.url, models=(), weight=config.weight)
-        self._fleet.set_healthy(config.url, False)
+        # not routable until its first good probe
+        self._fleet.add_backend(config.url, models=(), weight=config.weight, healthy=False)
         return rt
 
     def remove(self, url: str) -> BackendRuntime:
@@ -187,6 +189,8 @@ class Backends:
         if routable != rt.routable:
             rt.routable = routable
             self.num_routable += 1 if routable else -1
+            if not routable:
+                rt.engine = None  # a dead engine's last gauges are not its state (Fleet too)
             self._fleet.set_healthy(rt.url, routable)
 
     def set_draining(self, url: str, draining: bool) -> None:

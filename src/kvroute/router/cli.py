@@ -17,6 +17,7 @@ from aiohttp import web
 
 from kvroute.router.app import make_app
 from kvroute.router.config import RouterConfig, load_config
+from kvroute.router.kv_flags import add_kv_arguments, kv_load_kwargs
 
 log = logging.getLogger("kvroute.router")
 
@@ -46,6 +47,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
                    help="with --workers N: workers do not tell each other their routing "
                    "decisions (each index sees only its own requests)")  # fmt: skip
     p.add_argument("--log-level", default="WARNING", help="python logging level")
+    add_kv_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -56,8 +58,10 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         "port": args.port,
         "admin_key": args.admin_key or os.environ.get("KVROUTE_ADMIN_KEY"),
         "drain_timeout_s": args.drain_timeout_s,
+        "mode": args.mode,
     }
-    return load_config(args.config, backends=args.backend, overrides=overrides)
+    kv = kv_load_kwargs(args)
+    return load_config(args.config, backends=args.backend, overrides=overrides, **kv)
 
 
 def run(args: argparse.Namespace) -> int:

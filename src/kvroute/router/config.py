@@ -32,6 +32,13 @@ def normalize_url(url: str) -> str:
     return url.strip().rstrip("/")
 
 
+def check_zmq_endpoint(endpoint: str, name: str) -> str:
+    """A ZMQ endpoint the subscriber can connect to (tcp://host:port or ipc://path)."""
+    ok = isinstance(endpoint, str) and endpoint.startswith(("tcp://", "ipc://"))
+    _check(ok and len(endpoint) > 6, name, f"not a tcp:// or ipc:// endpoint: {endpoint!r}")
+    return endpoint.strip()
+
+
 @dataclass(frozen=True, slots=True)
 class BackendConfig:
     """One upstream engine."""
@@ -39,10 +46,19 @@ class BackendConfig:
     url: str  # http(s)://host:port, no trailing slash
     api_key: str | None = None  # sent upstream as "Authorization: Bearer ..."
     weight: float = 1.0  # relative capacity, passed to Fleet.add_backend
+    kv_events: str | None = None  # its KV-event PUB endpoint (vLLM --kv-events-config)
+    kv_replay: str | None = None  # its replay ROUTER endpoint (fills gaps, syncs late start)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "url", normalize_url(self.url))
         _check(self.weight > 0, "backend.weight", f"must be > 0, got {self.weight}")
+        if self.kv_events is not None:
+            ep = check_zmq_endpoint(self.kv_events, "backend.kv_events")
+            object.__setattr__(self, "kv_events", ep)
+        if self.kv_replay is not None:
+            _check(self.kv_events is not None, "backend.kv_replay", "needs kv_events too")
+            ep = check_zmq_endpoint(self.kv_replay, "backend.kv_replay")
+            object.__setattr__(self, "kv_replay", ep)
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,9 +170,25 @@ class RouterConfig:
     admin_key: str | None = None  # bearer token of /admin/...; None disables the admin API
     drain_timeout_s: float = 30.0  # on shutdown, wait this long for in-flight requests
     log_prompts: bool = False  # prompts never logged unless set
+    # routing keys: "approximate" (text keys, cache models fed by dispatches), "exact"
+    # (engine token keys, views from KV events), "auto" (token keys for a model while one
+    # of its backends' event streams is synced). None: "auto" when a backend has
+    # kv_events, else "approximate" (see ``resolved_mode``)
+    mode: str | None = None
+    speculative_ttl_s: float = 3.0  # exact mode: credit for a dispatch until events confirm
+    # served model name -> directory with tokenizer.json (+ tokenizer_config.json) for
+    # exact keys on real engines; other models use the built-in tokenizer (the simulator's)
+    tokenizers: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _check(0 <= self.port <= 65535, "port", f"must be in [0, 65535], got {self.port}")
+        modes = ("approximate", "exact", "auto")
+        _check(self.mode in (None, *modes), "mode", f"must be one of {modes}, got {self.mode!r}")
+        _check(0 <= self.speculative_ttl_s <= 600, "speculative_ttl_s", "must be in [0, 600]")
+        _check(isinstance(self.tokenizers, Mapping), "tokenizers", "must map model -> path")
+        for model, path in self.tokenizers.items():
+            ok = isinstance(model, str) and isinstance(path, str) and bool(model and path)
+            _check(ok, "tokenizers", f"entry {model!r}: {path!r} is not model name -> path")
         _check(bool(self.policy), "policy", "must not be empty")
         _check(0 <= self.drain_timeout_s <= 3600, "drain_timeout_s", "must be in [0, 3600]")
         urls = [b.url for b in self.backends]
@@ -165,6 +197,13 @@ class RouterConfig:
         _check(len(names) == len(set(names)), "clients.keys", "duplicate key")
         if self.admin_key is not None:
             _check(len(self.admin_key) >= 8, "admin_key", "must be >= 8 characters")
+
+    @property
+    def resolved_mode(self) -> str:
+        """``mode``, or its default: "auto" when a backend has KV events, else "approximate"."""
+        if self.mode is not None:
+            return self.mode
+        return "auto" if any(b.kv_events for b in self.backends) else "approximate"
 
 
 def _section(cls: type, raw: Any, name: str) -> Any:
@@ -218,9 +257,20 @@ def config_from_mapping(raw: Mapping[str, Any]) -> RouterConfig:
             raise ValueError(f"trusted_proxies: {exc}") from None
     scalars = {
         k: _expand(raw[k])
-        for k in ("policy", "host", "port", "admin_key", "drain_timeout_s", "log_prompts")
+        for k in (
+            "policy",
+            "host",
+            "port",
+            "admin_key",
+            "drain_timeout_s",
+            "log_prompts",
+            "mode",
+            "speculative_ttl_s",
+        )
         if k in raw
     }
+    tokenizers = raw.get("tokenizers") or {}
+    _check(isinstance(tokenizers, Mapping), "tokenizers", "must map model name -> path")
     backend_list = []
     for b in backends:
         if isinstance(b, Mapping) and "api_key" in b:
@@ -234,8 +284,47 @@ def config_from_mapping(raw: Mapping[str, Any]) -> RouterConfig:
         breaker=_section(BreakerConfig, raw.get("breaker"), "breaker"),
         client_keys=tuple(keys),
         trusted_proxies=tuple(proxies),
+        tokenizers=dict(tokenizers),
         **scalars,
     )
+
+
+def parse_pairs(items: Sequence[str], name: str) -> dict[str, str]:
+    """``KEY=VALUE`` flags (``--kv-events URL=tcp://h:p``) -> dict; split at the last '='
+    for endpoints, so a URL key keeps any '=' of its own."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.rpartition("=")
+        _check(bool(sep and key and value), name, f"expected KEY=VALUE, got {item!r}")
+        out[key.strip().rstrip("/")] = value.strip()
+    return out
+
+
+def with_kv_endpoints(
+    backends: Sequence[BackendConfig],
+    kv_events: Mapping[str, str],
+    kv_replay: Mapping[str, str] | None = None,
+) -> tuple[BackendConfig, ...]:
+    """Backends with the flag-given KV endpoints set (URL -> endpoint); a URL that is not a
+    backend is a ValueError."""
+    kv_replay = kv_replay or {}
+    by_url = {b.url: b for b in backends}
+    for flag, given in (("--kv-events", kv_events), ("--kv-replay", kv_replay)):
+        for url in given:
+            _check(normalize_url(url) in by_url, flag, f"{url} is not a --backend / config URL")
+    out = []
+    for b in backends:
+        events = _lookup(kv_events, b.url) or b.kv_events
+        replay = _lookup(kv_replay, b.url) or b.kv_replay
+        out.append(replace(b, kv_events=events, kv_replay=replay))
+    return tuple(out)
+
+
+def _lookup(given: Mapping[str, str], url: str) -> str | None:
+    for key, value in given.items():
+        if normalize_url(key) == url:
+            return value
+    return None
 
 
 def load_config(
@@ -243,11 +332,16 @@ def load_config(
     *,
     backends: Sequence[str] = (),
     overrides: Mapping[str, Any] | None = None,
+    kv_events: Mapping[str, str] | None = None,
+    kv_replay: Mapping[str, str] | None = None,
+    tokenizers: Mapping[str, str] | None = None,
 ) -> RouterConfig:
     """YAML file (optional) + ``--backend`` URLs + flag overrides -> one RouterConfig.
 
     Flags win over the file; ``--backend`` URLs are added to the file's backends.
     ``overrides`` holds top-level RouterConfig fields whose value is not None.
+    ``kv_events`` / ``kv_replay`` map backend URL -> endpoint (``--kv-events URL=EP``);
+    ``tokenizers`` model -> path, added to the file's.
     """
     raw: dict[str, Any] = {}
     if path is not None:
@@ -258,6 +352,9 @@ def load_config(
     config = config_from_mapping(raw)
     extra = tuple(BackendConfig(url=u) for u in backends)
     changes: dict[str, Any] = {k: v for k, v in (overrides or {}).items() if v is not None}
-    if extra:
-        changes["backends"] = config.backends + extra
+    if extra or kv_events or kv_replay:
+        all_backends = config.backends + extra
+        changes["backends"] = with_kv_endpoints(all_backends, kv_events or {}, kv_replay)
+    if tokenizers:
+        changes["tokenizers"] = {**config.tokenizers, **tokenizers}
     return replace(config, **changes) if changes else config

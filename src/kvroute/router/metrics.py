@@ -141,6 +141,22 @@ class BackendCollector(Collector):
         "kvroute_backend_predicted_hit_rate": "Router-predicted cached / prompt tokens",
         "kvroute_backend_measured_hit_rate": "Engine-measured prefix hit rate since start",
         "kvroute_backend_index_blocks": "Blocks the router's index holds for the backend",
+        "kvroute_backend_router_in_flight_requests": "Requests this router has in flight there "
+        "(its own count; in_flight_requests is merged with the engine's gauges)",
+        "kvroute_backend_kv_exact": "1 while the router's view comes from the engine's KV events",
+        "kvroute_backend_kv_feed_up": "1 while the KV-event feed task runs (absent: no feed)",
+        "kvroute_backend_kv_lag_seconds": "Receive time - engine timestamp of the last KV batch",
+        "kvroute_backend_kv_events": "KV events applied from the backend's stream",
+        "kvroute_backend_kv_gaps": "Sequence gaps found in the backend's KV event stream",
+        "kvroute_backend_kv_restarts": "Engine restarts seen in the backend's KV event stream",
+        "kvroute_backend_kv_replays": "KV event replays requested from the backend",
+        "kvroute_backend_speculative_blocks": "Dispatched blocks not yet confirmed by KV events",
+        "kvroute_backend_reported_hit_rate": "Engine-reported cached_tokens / prompt tokens, "
+        "over the responses that reported it",
+        "kvroute_backend_reported_predicted_hit_rate": "Router-predicted cached / prompt tokens "
+        "over the same responses (compare with reported_hit_rate)",
+        "kvroute_backend_prediction_exact_ratio": "Share of reporting responses whose "
+        "predicted cached tokens equal the engine's",
     }
 
     def __init__(self, rows: Callable[[], list[dict[str, Any]]]) -> None:

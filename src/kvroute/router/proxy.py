@@ -12,11 +12,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from typing import Any
 
 from aiohttp import web
 
-from kvroute.core.keys import prompt_block_hashes
+from kvroute.core.keys import Prompt, PromptError, prompt_block_hashes
 from kvroute.core.policy.base import Decision, RouteRequest
+from kvroute.core.token_keys import exact_route_keys, prompt_token_ids
 from kvroute.router.clients import client_address, is_trusted
 from kvroute.router.errors import (
     BadRequest,
@@ -26,8 +28,8 @@ from kvroute.router.errors import (
     PayloadTooLarge,
 )
 from kvroute.router.relay import relay
-from kvroute.router.request import parse_completion
-from kvroute.router.state import NOTE, STATE, RouterState
+from kvroute.router.request import parse_completion_body
+from kvroute.router.state import BUILTIN_TOKENIZER, NOTE, STATE, RouterState
 from kvroute.router.upstream import AttemptFailed, open_upstream
 
 log = logging.getLogger("kvroute.router.requests")
@@ -80,7 +82,7 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
 def _route_request(
     state: RouterState, request: web.Request, raw: bytes, *, chat: bool
 ) -> RouteRequest:
-    parsed = parse_completion(raw, chat=chat)
+    parsed, body = parse_completion_body(raw, chat=chat)
     model = parsed.model
     if model is None:
         model = state.backends.only_model()
@@ -95,15 +97,34 @@ def _route_request(
             request.remote, request.headers.get("X-Forwarded-For"), state.config.trusted_proxies
         )
         log.info("request %s from %s model %s prompt %r", rid, client, model, parsed.prompt)
-    hashes = prompt_block_hashes(parsed.prompt, state.fleet.block_size_for(model))
-    route_req = RouteRequest(
+    hashes, num_tokens = _route_keys(state, model, parsed.prompt, body, chat)
+    return RouteRequest(
         request_id=rid,
         model=model,
         block_hashes=hashes,
-        num_prompt_tokens=parsed.prompt.num_tokens_estimate,
+        num_prompt_tokens=num_tokens,
         max_tokens=parsed.max_tokens,
     )
-    return route_req
+
+
+def _route_keys(
+    state: RouterState, model: str | None, prompt: Prompt, body: dict[str, Any], chat: bool
+) -> tuple[list[int], int]:
+    """(block keys, prompt tokens): the engine's token ids while the model is routed on KV
+    events (exact keys), else text keys and a token estimate."""
+    fleet = state.fleet
+    bs = fleet.block_size_for(model)
+    if fleet.key_kind_for(model) != "tokens":
+        return prompt_block_hashes(prompt, bs), prompt.num_tokens_estimate
+    tokenizer = state.tokenizer_for(model)
+    try:
+        if tokenizer is BUILTIN_TOKENIZER:
+            ids = prompt_token_ids(prompt)  # the body is parsed already
+        else:
+            ids = tokenizer.token_ids(body, chat)
+    except PromptError as exc:
+        raise BadRequest(str(exc)) from None
+    return exact_route_keys(ids, bs)
 
 
 def _upstream_headers(state: RouterState, request: web.Request, url: str) -> dict[str, str]:
@@ -151,7 +172,7 @@ async def _forward(
         url = decision.backend
         tried.append(url)
         ticket = fleet.dispatch(decision, req, clock())
-        _count_prediction(state, decision, req)
+        _count_prediction(state, decision.backend, ticket.predicted_cached_tokens, req)
         ok = False
         try:
             first_byte_s = min(timeouts.first_byte_s, max(0.001, deadline - loop.time()))
@@ -186,9 +207,9 @@ def _as_retry(decision: Decision) -> Decision:
     )
 
 
-def _count_prediction(state: RouterState, decision: Decision, req: RouteRequest) -> None:
-    inst = state.metrics.of(decision.backend)
-    inst.predicted_cached.inc(decision.predicted_cached_tokens)
+def _count_prediction(state: RouterState, url: str, cached: int, req: RouteRequest) -> None:
+    inst = state.metrics.of(url)
+    inst.predicted_cached.inc(cached)
     inst.prompt_tokens.inc(req.num_prompt_tokens)
 
 

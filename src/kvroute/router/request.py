@@ -29,6 +29,11 @@ class ParsedRequest:
 
 def parse_completion(raw: bytes, *, chat: bool) -> ParsedRequest:
     """BadRequest (400) naming the field for anything a backend would refuse as malformed."""
+    return parse_completion_body(raw, chat=chat)[0]
+
+
+def parse_completion_body(raw: bytes, *, chat: bool) -> tuple[ParsedRequest, dict[str, Any]]:
+    """``parse_completion`` plus the decoded body (a real model's chat template needs it)."""
     if not raw:
         raise BadRequest("request body is empty; expected a JSON object")
     try:
@@ -53,7 +58,7 @@ def parse_completion(raw: bytes, *, chat: bool) -> ParsedRequest:
         prompt = prompt_of(body, chat)
     except PromptError as exc:
         raise BadRequest(str(exc)) from None
-    return ParsedRequest(model, stream, prompt, _max_tokens(body, chat))
+    return ParsedRequest(model, stream, prompt, _max_tokens(body, chat)), body
 
 
 def _max_tokens(body: dict[str, Any], chat: bool) -> int:

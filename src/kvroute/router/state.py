@@ -11,10 +11,14 @@ import aiohttp
 from aiohttp import web
 
 from kvroute.core.fleet import Fleet
-from kvroute.router.backends import Backends
+from kvroute.core.token_keys import BuiltinPromptTokenizer, PromptTokenizer
+from kvroute.router.backends import BackendRuntime, Backends
 from kvroute.router.clients import ClientGate
-from kvroute.router.config import RouterConfig
+from kvroute.router.config import BackendConfig, RouterConfig
+from kvroute.router.kv_subscriber import KvEventSubscriber
 from kvroute.router.metrics import RouterMetrics
+
+BUILTIN_TOKENIZER = BuiltinPromptTokenizer()
 
 
 @dataclass(slots=True)
@@ -32,6 +36,30 @@ class RouterState:
     num_in_flight: int = 0  # proxied requests being handled now
     # background tasks of this app (health, scraper, probes of added backends)
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+    # KV-event feeds (exact/auto mode; None in approximate mode); started at startup
+    kv: KvEventSubscriber | None = None
+    # served model -> its tokenizer for exact keys; others use the built-in one
+    model_to_tokenizer: dict[str, PromptTokenizer] = field(default_factory=dict)
+
+    def tokenizer_for(self, model: str | None) -> PromptTokenizer:
+        """The tokenization the engines serving ``model`` use (exact-mode keys)."""
+        if model is None:
+            return BUILTIN_TOKENIZER
+        return self.model_to_tokenizer.get(model, BUILTIN_TOKENIZER)
+
+    def add_backend(self, config: BackendConfig) -> BackendRuntime:
+        """A new backend in the registry and the Fleet, and its KV events followed."""
+        rt = self.backends.add(config)
+        if self.kv is not None and config.kv_events is not None:
+            self.kv.add_backend(config.url, config.kv_events, config.kv_replay)
+        return rt
+
+    def remove_backend(self, url: str) -> BackendRuntime:
+        """Drop a backend: its KV feed, then registry and Fleet (KeyError if unknown)."""
+        rt = self.backends.remove(url)
+        if self.kv is not None:
+            self.kv.remove_backend(url)
+        return rt
 
     def spawn(self, coro: Any) -> asyncio.Task[Any]:
         """Run ``coro`` in the background, tracked so shutdown can cancel it."""
