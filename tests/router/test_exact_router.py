@@ -110,6 +110,16 @@ async def test_prediction_from_events_equals_engine_cached_tokens(sims: SimFleet
         assert bs.reported_predicted_tokens == bs.reported_hit_tokens == cached
         assert bs.speculative_blocks == 0
         assert {s.mode for s in state.fleet.backend_states()} == {"exact"}
+        # a stream reports cached_tokens in its last (usage) chunk: the router reads it too
+        await until(lambda: caught_up(state, backend))
+        clock.advance(60.0)
+        options = {"stream": True, "stream_options": {"include_usage": True}}
+        streamed = await complete(client, SHARED + "What is a KV cache?", **options)
+        assert streamed.headers["x-kvroute-backend"] == url
+        assert f'"cached_tokens":{cached}' in (await streamed.text()).replace(" ", "")
+        bs = next(s for s in state.fleet.backend_states() if s.url == url)
+        assert bs.num_reported == 3 and bs.num_reported_exact == 3
+        assert bs.reported_predicted_tokens == bs.reported_hit_tokens == 2 * cached
     finally:
         assert_no_load(state)
         await client.close()

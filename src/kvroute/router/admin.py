@@ -124,8 +124,10 @@ def kv_views(state: RouterState) -> list[dict[str, Any]]:
     """Held blocks per backend; in exact mode also the confirmed key count and a digest of
     the confirmed keys (sum mod 2**64), which a check can recompute from the events."""
     out = []
+    fleet_states = {s.url: s for s in state.fleet.backend_states()}
     for url in state.fleet.urls():
         model = state.fleet.sync.model(url)
+        fs = fleet_states[url]
         sub = state.kv.status(url) if state.kv is not None else None
         row: dict[str, Any] = {
             "url": url,
@@ -138,6 +140,11 @@ def kv_views(state: RouterState) -> list[dict[str, Any]]:
             ),
             "kv_last_seq": sub.last_seq if sub is not None else None,
             "kv_running": sub.running if sub is not None else None,
+            # predicted vs engine-reported cached tokens, over the responses that reported
+            "num_reported": fs.num_reported,
+            "num_reported_exact": fs.num_reported_exact,
+            "reported_hit_tokens": fs.reported_hit_tokens,
+            "reported_predicted_tokens": fs.reported_predicted_tokens,
         }
         out.append(row)
     return out

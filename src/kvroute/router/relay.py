@@ -108,6 +108,7 @@ async def _relay_stream(
     await out.prepare(request)
     first = True
     tail = b"\n\n"  # end of the last chunk written: is an SSE event open?
+    last = b""  # the stream's last bytes: the usage chunk (cached_tokens) comes at the end
     read = resp.content.readany
     try:
         async with asyncio.timeout(None) as guard:
@@ -127,6 +128,7 @@ async def _relay_stream(
                 except ConnectionError:
                     raise ClientGone from None
                 tail = chunk[-2:]
+                last = (last + chunk)[-_USAGE_TAIL_BYTES:]
     except ClientGone:
         state.metrics.client_disconnects.inc()
         return True, out  # the backend did not fail; resp.close() in relay() cancels it
@@ -135,8 +137,24 @@ async def _relay_stream(
         state.metrics.midstream_failures.labels(url).inc()
         await _write_sse_error(out, exc, tail)
         return False, out
+    cached = _stream_cached_tokens(last)
+    if cached is not None:
+        state.fleet.record_cached_tokens(ticket, cached)
     await out.write_eof()
     return True, out
+
+
+_USAGE_TAIL_BYTES = 4096  # a usage chunk is a few hundred bytes
+
+
+def _stream_cached_tokens(tail: bytes) -> int | None:
+    """``cached_tokens`` of the stream's usage chunk (``stream_options.include_usage``)."""
+    if b'"cached_tokens"' not in tail:
+        return None
+    for event in reversed(tail.split(b"\n\n")):
+        if b'"cached_tokens"' in event and event.startswith(b"data: "):
+            return _cached_tokens(event[6:])
+    return None
 
 
 class ClientGone(Exception):
