@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import msgspec
@@ -27,9 +27,10 @@ import pytest
 import zmq.asyncio
 
 from kvroute.cli import main
+from kvroute.core.fleet import Fleet
 from kvroute.core.policy.base import RouteRequest
 from kvroute.router.app import build_fleet
-from kvroute.router.worker_sync import BusSpec, DecisionBus, share_dispatches
+from kvroute.router.worker_sync import BusSpec, FleetBus
 from kvroute.router.workers import WORKER_HEADER, SupervisorConfig, reserve_port
 
 KVROUTE = [sys.executable, "-m", "kvroute.cli"]
@@ -243,34 +244,53 @@ def test_bad_worker_flags_exit_2_without_spawning(
     assert "kvroute serve:" in capsys.readouterr().err
 
 
-async def test_decision_bus_gives_peers_the_same_holders(tmp_path: Path) -> None:
-    """Worker 0 dispatches a prefix; worker 1's index then holds it on the same backend."""
+async def test_fleet_bus_replicates_a_peers_requests(tmp_path: Path) -> None:
+    """Worker 0 dispatches; worker 1 then holds the prefix on the same backend and counts
+    the load until worker 0 finishes; a peer that restarts has its shadows released."""
     context = zmq.asyncio.Context()
     urls = ["http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3"]
     fleets = [build_fleet("prefix") for _ in range(2)]
     for fleet in fleets:
         for url in urls:
             fleet.add_backend(url)
-    buses = [DecisionBus(BusSpec(str(tmp_path), i, 2), fleets[i], context) for i in range(2)]
-    share_dispatches(fleets[0], buses[0])
+    buses = [FleetBus(BusSpec(str(tmp_path), i, 2), fleets[i], context) for i in range(2)]
+    for bus in buses:
+        bus.install()
     tasks = [asyncio.create_task(bus.receive_forever()) for bus in buses]
     req = RouteRequest("r1", None, [11, 12, 13, 14], 64, 4)
+
+    def in_flight(fleet: Fleet) -> dict[str, int]:
+        return {s.url: s.in_flight_requests for s in fleet.backend_states()}
+
+    async def until(condition: Callable[[], bool]) -> None:
+        for _ in range(300):
+            if condition():
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("condition not reached in 3 s")
+
     try:
         first = fleets[0].route(req, 0.0)
         assert first is not None
-        for _ in range(200):  # PUB drops until the SUB has connected: send again
-            fleets[0].finish(fleets[0].dispatch(first, req, 0.0), 0.0, True)
+        while 0 not in buses[1].peers:  # PUB drops messages until the SUB has connected
+            buses[0].send_heartbeat()
             await asyncio.sleep(0.01)
-            if fleets[1].index.matched_blocks(first.backend, req.block_hashes) == 4:
-                break
+        ticket = fleets[0].dispatch(first, req, 0.0)
+        await until(lambda: in_flight(fleets[1])[first.backend] == 1)  # load shared
+        fleets[0].on_first_token(ticket, 0.5, 48)
+        fleets[0].finish(ticket, 1.0, True)
+        await until(lambda: in_flight(fleets[1])[first.backend] == 0)
         second = fleets[1].route(req, 1.0)
         assert second is not None
-        assert (second.backend, second.reason) == (first.backend, "prefix")
-        assert buses[0].num_applied == 0, "a worker does not hear itself"
-        buses[1].apply(b"not msgpack")  # dropped with a warning, no exception
-        applied = buses[1].num_applied
-        buses[1].apply(msgspec.msgpack.encode(("http://elsewhere:9", [1])))  # unknown URL
-        assert buses[1].num_applied == applied
+        assert (second.backend, second.reason) == (first.backend, "prefix")  # index shared
+        assert not buses[1].peers[0].shadows
+        assert not buses[0].peers or not buses[0].peers[1].shadows, "nobody replays itself"
+        # worker 0 dispatches again, then "restarts": a message with a new pid
+        fleets[0].dispatch(first, req, 2.0)
+        await until(lambda: in_flight(fleets[1])[first.backend] == 1)
+        buses[1].apply(msgspec.msgpack.encode((4, 0, buses[0].pid + 1)), 3.0)
+        assert in_flight(fleets[1])[first.backend] == 0
+        buses[1].apply(b"not msgpack", 3.0)  # dropped with a warning
         for fleet in fleets:
             fleet.check_invariants()
     finally:

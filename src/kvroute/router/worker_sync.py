@@ -1,20 +1,24 @@
-"""Decision sharing between the workers of one ``kvroute serve --workers N`` (approximate mode).
+"""Fleet replication between the workers of one ``kvroute serve --workers N``.
 
-Why: each worker keeps its own index, fed only by the requests it routed itself. The
-rendezvous tie-break makes workers agree on a new prefix only while their load views tie;
-under load each worker sees only its own in-flight requests, so they send the same prefix
-to different backends and the fleet caches it N times (measured: the engine hit rate on
-ranvier-stress fell from 57 % with 1 worker to 39 % with 4). So every worker publishes
-"blocks H went to backend B" for each request it dispatches, and inserts what its peers
-publish into its own index, as if it had routed those requests too. All workers then see
-the same holders, the same way one process would.
+Why: each worker has its own ``Fleet`` (index, load, learned rates), fed only by the
+requests it handles. The rendezvous tie-break makes workers agree on a new prefix only
+while their views tie; under load each sees only its own in-flight requests and its own
+cache model, so they place the same prefix on different backends and the fleet caches it
+several times (measured on ranvier-stress: engine hit rate 57-61 % with 1 worker, 37-40 %
+with 4 unsynchronised workers). So every worker publishes the Fleet calls it makes for
+its own requests (dispatch, first token, engine-reported hit, finish) and replays its
+peers' calls on its own Fleet with a shadow ticket. Every worker then holds the view one
+process handling all the host's requests would hold: the same holders, the same load,
+and nearly the same learned rates.
 
 How: one ZMQ PUB socket per worker, bound to ``ipc://DIR/w<index>``, and one SUB socket
-connected to every other worker's endpoint (ZMQ reconnects to a restarted peer by
-itself). A message is msgpack ``[url, [block hash, ...]]``. Delivery is best effort: a
-message lost to a full queue or a restarting peer only costs a possible cache miss.
-A backend whose view comes from KV events (exact mode) is skipped on both sides: every
-worker subscribes to the same events, which already agree.
+connected to every other worker (ZMQ reconnects to a restarted peer by itself). Messages
+are msgpack arrays tagged by kind (see ``_KIND_*``); ``now`` travels with them, which is
+sound because every worker's clock is the host's ``time.monotonic``. Delivery is
+best-effort: a dispatch message lost (a peer still connecting) only costs a possible
+miss; a finish message lost would leave load counted, so every worker sends a heartbeat
+each ``heartbeat_s``, and the shadows of a peer that went silent for ``peer_timeout_s``,
+or came back with a new pid, are finished at once.
 """
 
 from __future__ import annotations
@@ -22,8 +26,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Sequence
+import os
+import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 import zmq
@@ -37,7 +44,14 @@ from kvroute.router.state import STATE
 
 log = logging.getLogger("kvroute.router.worker_sync")
 _encode = msgspec.msgpack.Encoder().encode
-_decode = msgspec.msgpack.Decoder(tuple[str, list[int]]).decode
+_decode = msgspec.msgpack.Decoder().decode
+
+# message kinds: [kind, origin index, origin pid, ...]
+_KIND_DISPATCH = 0  # ticket_id, url, reason, request_id, model, hashes, prompt, max_tokens, now
+_KIND_FIRST_TOKEN = 1  # ticket_id, now, cached_tokens | None
+_KIND_CACHED = 2  # ticket_id, cached_tokens
+_KIND_FINISH = 3  # ticket_id, now, ok
+_KIND_HEARTBEAT = 4  # (nothing more)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,17 +61,41 @@ class BusSpec:
     directory: str  # a private folder holding one ipc socket file per worker
     index: int  # this worker, 0..num_workers-1
     num_workers: int  # all workers, this one included
+    heartbeat_s: float = 1.0  # a worker says it is alive this often
+    peer_timeout_s: float = 5.0  # a peer silent this long is dead: its shadows finish
 
     def endpoint(self, index: int) -> str:
         return f"ipc://{self.directory}/w{index}"
 
 
-class DecisionBus:
-    """Publishes this worker's dispatches; applies its peers' to the Fleet's index."""
+@dataclass(slots=True)
+class _Peer:
+    """What this worker knows of one other worker."""
+
+    pid: int  # the process now filling that index
+    last_heard_s: float  # monotonic seconds of its last message
+    shadows: dict[int, Ticket]  # its ticket id -> our shadow ticket of that request
+
+
+class FleetBus:
+    """Publishes this worker's Fleet calls; replays its peers' on the Fleet with shadows.
+
+    Invariant: every unfinished shadow ticket belongs to a peer in ``peers``; a peer's
+    shadows are finished when it finishes them, dies (silent) or restarts (new pid).
+    """
 
     def __init__(self, spec: BusSpec, fleet: Fleet, context: zmq.asyncio.Context) -> None:
         self.spec = spec
         self.fleet = fleet
+        self.pid = os.getpid()
+        self.peers: dict[int, _Peer] = {}
+        self.num_sent = 0
+        self.num_applied = 0
+        # the Fleet's own methods: shadows are replayed through these, never republished
+        self._dispatch = fleet.dispatch
+        self._on_first_token = fleet.on_first_token
+        self._record_cached_tokens = fleet.record_cached_tokens
+        self._finish = fleet.finish
         self.pub = context.socket(zmq.PUB)
         self.pub.setsockopt(zmq.LINGER, 0)
         self.pub.setsockopt(zmq.SNDHWM, 100_000)
@@ -69,69 +107,144 @@ class DecisionBus:
         for peer in range(spec.num_workers):
             if peer != spec.index:
                 self.sub.connect(spec.endpoint(peer))
-        self.num_sent = 0
-        self.num_applied = 0
 
-    def publish(self, url: str, block_hashes: Sequence[int]) -> None:
-        """Tell the peers that ``url`` now caches ``block_hashes`` (never blocks)."""
-        if not block_hashes or self.fleet.is_exact(url):
-            return
+    # -- this worker's calls: run them, then tell the peers ----------------------------
+
+    def install(self) -> None:
+        """Route the Fleet's request-path calls through this bus (no hook exists in core)."""
+        f: Any = self.fleet
+        f.dispatch, f.on_first_token = self.dispatch, self.on_first_token
+        f.record_cached_tokens, f.finish = self.record_cached_tokens, self.finish
+
+    def dispatch(self, decision: Decision, req: RouteRequest, now: float) -> Ticket:
+        ticket = self._dispatch(decision, req, now)
+        self._send(_KIND_DISPATCH, ticket.ticket_id, ticket.url, decision.reason,
+                   req.request_id, req.model, list(req.block_hashes), req.num_prompt_tokens,
+                   req.max_tokens, now)  # fmt: skip
+        return ticket
+
+    def on_first_token(self, ticket: Ticket, now: float, cached_tokens: int | None = None) -> None:
+        if not ticket.is_finished and ticket.first_token_at_s is None:
+            self._send(_KIND_FIRST_TOKEN, ticket.ticket_id, now, cached_tokens)
+        self._on_first_token(ticket, now, cached_tokens)
+
+    def record_cached_tokens(self, ticket: Ticket, cached_tokens: int) -> None:
+        if ticket.reported_cached_tokens is None:
+            self._send(_KIND_CACHED, ticket.ticket_id, int(cached_tokens))
+        self._record_cached_tokens(ticket, cached_tokens)
+
+    def finish(self, ticket: Ticket, now: float, ok: bool) -> None:
+        if not ticket.is_finished:
+            self._send(_KIND_FINISH, ticket.ticket_id, now, bool(ok))
+        self._finish(ticket, now, ok)
+
+    def _send(self, kind: int, *fields: Any) -> None:
+        """Publish one message; never blocks (a full queue drops it)."""
         with contextlib.suppress(zmq.Again):
-            self.pub.send(_encode((url, list(block_hashes))), zmq.NOBLOCK, copy=False)
+            self.pub.send(_encode((kind, self.spec.index, self.pid, *fields)), zmq.NOBLOCK)
             self.num_sent += 1
 
-    def apply(self, payload: bytes) -> None:
-        """A peer's dispatch: record its blocks in our index (unknown or exact URL: skip)."""
+    # -- the peers' calls: replay them with shadow tickets -----------------------------
+
+    def apply(self, payload: bytes, now_s: float) -> None:
+        """Replay one peer message on our Fleet (bad or stale messages are dropped)."""
         try:
-            url, block_hashes = _decode(payload)
-        except msgspec.DecodeError:
-            log.warning("dropped an undecodable worker message")
-            return
-        if url not in self.fleet.index.url_to_model or self.fleet.is_exact(url):
-            return  # a backend this worker does not have (admin API), or exact mode
-        self.fleet.index.insert(url, block_hashes)
+            kind, origin, pid, *rest = _decode(payload)
+            self._apply(int(kind), self._peer(int(origin), int(pid), now_s), rest)
+        except (msgspec.DecodeError, ValueError, TypeError, KeyError) as exc:
+            log.warning("dropped a worker message: %s: %s", type(exc).__name__, exc)
+
+    def _peer(self, origin: int, pid: int, now_s: float) -> _Peer:
+        peer = self.peers.get(origin)
+        if peer is not None and peer.pid != pid:
+            self.forget_peer(origin, now_s)  # restarted: its old requests died with it
+            peer = None
+        if peer is None:
+            peer = self.peers[origin] = _Peer(pid, now_s, {})
+        peer.last_heard_s = now_s
+        return peer
+
+    def _apply(self, kind: int, peer: _Peer, rest: list[Any]) -> None:
+        if kind == _KIND_DISPATCH:
+            ticket_id, url, reason, request_id, model, hashes, prompt, max_tokens, now = rest
+            req = RouteRequest(request_id, model, hashes, prompt, max_tokens)
+            try:
+                peer.shadows[ticket_id] = self._dispatch(Decision(url, reason, 0, (url,)), req, now)
+            except ValueError:
+                return  # a backend this worker lacks (added through another's admin API)
+        elif kind == _KIND_FIRST_TOKEN:
+            ticket_id, now, cached = rest
+            if ticket_id in peer.shadows:
+                self._on_first_token(peer.shadows[ticket_id], now, cached)
+        elif kind == _KIND_CACHED:
+            ticket_id, cached = rest
+            if ticket_id in peer.shadows:
+                self._record_cached_tokens(peer.shadows[ticket_id], cached)
+        elif kind == _KIND_FINISH:
+            ticket_id, now, ok = rest
+            shadow = peer.shadows.pop(ticket_id, None)
+            if shadow is not None:
+                self._finish(shadow, now, ok)
+        elif kind != _KIND_HEARTBEAT:
+            raise ValueError(f"unknown message kind {kind}")
         self.num_applied += 1
 
-    async def receive_forever(self) -> None:
+    def forget_peer(self, origin: int, now_s: float) -> None:
+        """A peer died or restarted: finish (as failed) every shadow of its requests."""
+        peer = self.peers.pop(origin, None)
+        if peer is None:
+            return
+        if peer.shadows:
+            log.warning("worker %d gone: releasing %d of its requests", origin, len(peer.shadows))
+        for shadow in peer.shadows.values():
+            self._finish(shadow, now_s, False)
+
+    def expire_silent_peers(self, now_s: float) -> None:
+        for origin, peer in list(self.peers.items()):
+            if now_s - peer.last_heard_s > self.spec.peer_timeout_s:
+                self.forget_peer(origin, now_s)
+
+    async def receive_forever(self, clock: Callable[[], float] = time.monotonic) -> None:
         while True:
-            payload = await self.sub.recv(copy=True)
-            try:
-                self.apply(payload)
-            except Exception:  # a bug here must not stop the sharing
-                log.exception("applying a worker message failed")
+            payload = await self.sub.recv()
+            self.apply(payload, clock())
+
+    def send_heartbeat(self) -> None:
+        """Tell the peers this worker is alive (and, the first time, who it is)."""
+        self._send(_KIND_HEARTBEAT)
+
+    async def heartbeat_forever(self, clock: Callable[[], float] = time.monotonic) -> None:
+        while True:
+            self.send_heartbeat()
+            self.expire_silent_peers(clock())
+            await asyncio.sleep(self.spec.heartbeat_s)
 
     def close(self) -> None:
         self.pub.close(0)
         self.sub.close(0)
 
 
-def share_dispatches(fleet: Fleet, bus: DecisionBus) -> None:
-    """Make ``fleet.dispatch`` also publish each decision (the Fleet has no dispatch hook)."""
-    dispatch = fleet.dispatch
-
-    def dispatch_and_publish(decision: Decision, req: RouteRequest, now: float) -> Ticket:
-        ticket = dispatch(decision, req, now)
-        bus.publish(decision.backend, req.block_hashes)
-        return ticket
-
-    fleet.dispatch = dispatch_and_publish  # type: ignore[method-assign]
-
-
 def attach_bus(app: web.Application, spec: BusSpec) -> None:
-    """Run a DecisionBus for the life of ``app`` (call before the app starts)."""
+    """Run a FleetBus for the life of ``app`` (call before the app starts)."""
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
-        fleet = app[STATE].fleet
+        state = app[STATE]
         context = zmq.asyncio.Context()
-        bus = DecisionBus(spec, fleet, context)
-        share_dispatches(fleet, bus)
-        task = asyncio.get_running_loop().create_task(bus.receive_forever())
+        bus = FleetBus(spec, state.fleet, context)
+        bus.install()
+        loop = asyncio.get_running_loop()
+        tasks = [
+            loop.create_task(bus.receive_forever(state.clock)),
+            loop.create_task(bus.heartbeat_forever(state.clock)),
+        ]
         try:
             yield
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for origin in list(bus.peers):
+                bus.forget_peer(origin, state.clock())
             bus.close()
             context.term()
             log.info("worker bus: sent %d, applied %d", bus.num_sent, bus.num_applied)
