@@ -212,3 +212,22 @@ async def test_approximate_mode_ignores_kv_events(sims: SimFleet) -> None:
     finally:
         assert_no_load(state)
         await client.close()
+
+
+async def test_a_dead_feed_turns_its_backend_approximate(
+    sims: SimFleet, router: TestClient[Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state: RouterState = router.app[STATE]  # type: ignore[index]
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("bug while applying a batch")
+
+    monkeypatch.setattr(state.fleet, "apply_kv_batch", broken)
+    first = await complete(router, SHARED + "events now break the feed")
+    url = first.headers["x-kvroute-backend"]
+    assert state.kv is not None
+    await until(lambda: not state.kv.status(url).running)  # type: ignore[union-attr]
+    monkeypatch.undo()
+    assert not state.fleet.is_exact(url)  # a view nobody updates is not trusted
+    again = await complete(router, SHARED + "still routed")
+    assert again.status == 200

@@ -124,6 +124,7 @@ def kv_views(state: RouterState) -> list[dict[str, Any]]:
     """Held blocks per backend; in exact mode also the confirmed key count and a digest of
     the confirmed keys (sum mod 2**64), which a check can recompute from the events."""
     out = []
+    state.fleet.sync.expire(state.clock())  # due speculations gone, also with no traffic
     fleet_states = {s.url: s for s in state.fleet.backend_states()}
     for url in state.fleet.urls():
         model = state.fleet.sync.model(url)

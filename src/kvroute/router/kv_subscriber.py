@@ -190,7 +190,10 @@ class KvEventSubscriber:
             raise
         except Exception:  # a bug here must not kill routing; the backend goes approximate
             log.exception("KV event feed of %s stopped", feed.url)
-            raise
+            next_seq = self.fleet.kv_next_seq(feed.url)
+            if next_seq is not None:  # no more events will come: stop trusting the view
+                self.fleet.kv_gap_unfilled(feed.url, next_seq + 1)
+            # logged; the task ends (status: not running) and stop() has nothing to raise
         finally:
             sock.close(linger=0)
 

@@ -140,7 +140,10 @@ async def _relay_stream(
     cached = _stream_cached_tokens(last)
     if cached is not None:
         state.fleet.record_cached_tokens(ticket, cached)
-    await out.write_eof()
+    try:
+        await out.write_eof()
+    except ConnectionError:  # the client closed after the last event ([DONE]): not a failure
+        state.metrics.client_disconnects.inc()
     return True, out
 
 
