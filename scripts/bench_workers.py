@@ -42,8 +42,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
 KVROUTE = [sys.executable, "-m", "kvroute.cli"]
 
 
@@ -115,30 +113,58 @@ def cpu_seconds_tree(pid: int) -> float:
 # ------------------------------------------------------------------ throughput
 
 
+def _request_bytes(host: str, prompt: str) -> bytes:
+    body = json.dumps({"model": "instant", "prompt": prompt, "max_tokens": 1}).encode()
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n")  # fmt: skip
+    return head.encode() + body
+
+
+async def _read_body(reader: asyncio.StreamReader, head: bytes) -> bytes:
+    """The body after response headers ``head``: Content-Length or chunked."""
+    match = re.search(rb"(?i)\r\ncontent-length: *(\d+)", head)
+    if match:
+        return await reader.readexactly(int(match.group(1)))
+    body = b""
+    while size := int((await reader.readuntil(b"\r\n")).strip(), 16):
+        body += (await reader.readexactly(size + 2))[:-2]
+    await reader.readuntil(b"\r\n")  # the empty trailer
+    return body
+
+
 async def _client(
     url: str, connections: int, duration_s: float, seed: int
 ) -> tuple[list[float], float]:
-    """(latencies ms, elapsed s) of ``connections`` loops of completions for ``duration_s``."""
+    """(latencies ms of 200 answers, elapsed s): ``connections`` keep-alive loops.
+
+    A bare HTTP/1.1 client on asyncio streams (a few tens of microseconds per request),
+    so that on a small machine the load generator takes less CPU than the router.
+    """
+    hostport = url.split("//", 1)[1]
+    host, port = hostport.rsplit(":", 1)
+    requests = [
+        _request_bytes(hostport, f"Conversation {k}: the quick brown fox jumps. " * 4)
+        for k in range(64)
+    ]
     lat: list[float] = []
     t0 = time.perf_counter()
     stop_at = t0 + duration_s
-    headers = {"Content-Type": "application/json"}
 
-    async def loop(s: aiohttp.ClientSession, k: int) -> None:
-        i = 0
-        while time.perf_counter() < stop_at:
-            prompt = f"Conversation {(seed * 1000 + k * 7 + i) % 64}: the quick brown fox. " * 4
-            body = json.dumps({"model": "instant", "prompt": prompt, "max_tokens": 1})
-            t = time.perf_counter()
-            async with s.post(url + "/v1/completions", data=body, headers=headers) as r:
-                await r.read()
-                if r.status == 200:
+    async def loop(k: int) -> None:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        i = seed * 31 + k
+        try:
+            while (t := time.perf_counter()) < stop_at:
+                writer.write(requests[i % len(requests)])
+                head = await reader.readuntil(b"\r\n\r\n")
+                await _read_body(reader, head)
+                if head.startswith(b"HTTP/1.1 200"):
                     lat.append((time.perf_counter() - t) * 1000)
-            i += 1
+                i += 7
+        finally:
+            writer.close()
 
-    conn = aiohttp.TCPConnector(limit=connections)
-    async with aiohttp.ClientSession(connector=conn) as s:
-        await asyncio.gather(*(loop(s, k) for k in range(connections)))
+    await asyncio.gather(*(loop(k) for k in range(connections)))
     return lat, time.perf_counter() - t0
 
 
@@ -225,21 +251,26 @@ def main() -> None:
     p.add_argument("--skip-no-sync", action="store_true", help="no --no-worker-sync rows")
     p.add_argument("--repeat", type=int, default=1, help="run each configuration this often")
     args = p.parse_args()
+    # SIGTERM unwinds like Ctrl-C, so the sims and routers started here are stopped
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     counts = [int(x) for x in args.workers.split(",")]
     print(f"{os.cpu_count()} CPUs shared by clients, router workers and backends")
     if not args.skip_throughput:
         print(f"\nthroughput: {args.backends} instant backends, policy {args.policy}, "
               f"{args.clients} client processes x {args.concurrency // args.clients} "
               f"connections, {args.duration:g} s, max_tokens 1, non-streaming")  # fmt: skip
-        print(f"{'workers':>7} {'req/s':>9} {'p50 ms':>8} {'router CPU us/req':>18}")
+        print(f"{'workers':>7} {'sync':>5} {'req/s':>9} {'p50 ms':>8} {'router CPU us/req':>18}")
+        rows = [(n, True) for n in counts]
+        rows += [(n, False) for n in counts if n > 1 and not args.skip_no_sync]
         with sim_fleet(args.backends, "instant", 1.0) as urls:
             for _ in range(args.repeat):
-                for n in counts:
-                    with router(urls, n, args.policy) as (url, pid):
+                for n, sync in rows:
+                    with router(urls, n, args.policy, sync) as (url, pid):
                         rps, p50, cpu = measure_throughput(
                             url, pid, args.clients, args.concurrency, args.duration
                         )
-                    print(f"{n:>7} {rps:9.0f} {p50:8.2f} {cpu:18.0f}", flush=True)
+                    sync_text = "yes" if sync else "no"
+                    print(f"{n:>7} {sync_text:>5} {rps:9.0f} {p50:8.2f} {cpu:18.0f}", flush=True)
     if not args.skip_hit_rate:
         print(f"\nhit rate: ranvier-stress, {args.backends} x {args.hit_profile} (speedup "
               f"{args.speedup:g}), {args.hit_requests} requests, {args.hit_concurrency} users, "

@@ -288,7 +288,7 @@ async def test_fleet_bus_replicates_a_peers_requests(tmp_path: Path) -> None:
         # worker 0 dispatches again, then "restarts": a message with a new pid
         fleets[0].dispatch(first, req, 2.0)
         await until(lambda: in_flight(fleets[1])[first.backend] == 1)
-        buses[1].apply(msgspec.msgpack.encode((4, 0, buses[0].pid + 1)), 3.0)
+        buses[1].apply(msgspec.msgpack.encode([(4, 0, buses[0].pid + 1)]), 3.0)
         assert in_flight(fleets[1])[first.backend] == 0
         buses[1].apply(b"not msgpack", 3.0)  # dropped with a warning
         for fleet in fleets:

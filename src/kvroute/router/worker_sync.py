@@ -13,7 +13,8 @@ and nearly the same learned rates.
 
 How: one ZMQ PUB socket per worker, bound to ``ipc://DIR/w<index>``, and one SUB socket
 connected to every other worker (ZMQ reconnects to a restarted peer by itself). Messages
-are msgpack arrays tagged by kind (see ``_KIND_*``); ``now`` travels with them, which is
+are msgpack arrays tagged by kind (see ``_KIND_*``), sent as one frame per event-loop
+iteration (a list of messages: cheaper under load); ``now`` travels with them, which is
 sound because every worker's clock is the host's ``time.monotonic``. Delivery is
 best-effort: a dispatch message lost (a peer still connecting) only costs a possible
 miss; a finish message lost would leave load counted, so every worker sends a heartbeat
@@ -91,6 +92,7 @@ class FleetBus:
         self.peers: dict[int, _Peer] = {}
         self.num_sent = 0
         self.num_applied = 0
+        self._outbox: list[tuple[Any, ...]] = []  # messages waiting for _flush
         # the Fleet's own methods: shadows are replayed through these, never republished
         self._dispatch = fleet.dispatch
         self._on_first_token = fleet.on_first_token
@@ -139,20 +141,28 @@ class FleetBus:
         self._finish(ticket, now, ok)
 
     def _send(self, kind: int, *fields: Any) -> None:
-        """Publish one message; never blocks (a full queue drops it)."""
-        with contextlib.suppress(zmq.Again):
-            self.pub.send(_encode((kind, self.spec.index, self.pid, *fields)), zmq.NOBLOCK)
-            self.num_sent += 1
+        """Queue one message; the messages of one loop iteration leave as one frame."""
+        if not self._outbox:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._outbox.append((kind, self.spec.index, self.pid, *fields))
+
+    def _flush(self) -> None:
+        """Publish the queued messages; never blocks (a full queue drops the frame)."""
+        batch, self._outbox = self._outbox, []
+        with contextlib.suppress(zmq.Again, zmq.ZMQError):
+            self.pub.send(_encode(batch), zmq.NOBLOCK)
+            self.num_sent += len(batch)
 
     # -- the peers' calls: replay them with shadow tickets -----------------------------
 
     def apply(self, payload: bytes, now_s: float) -> None:
-        """Replay one peer message on our Fleet (bad or stale messages are dropped)."""
+        """Replay one frame of peer messages on our Fleet (bad ones are dropped)."""
         try:
-            kind, origin, pid, *rest = _decode(payload)
-            self._apply(int(kind), self._peer(int(origin), int(pid), now_s), rest)
+            batch = _decode(payload)
+            for kind, origin, pid, *rest in batch:
+                self._apply(int(kind), self._peer(int(origin), int(pid), now_s), rest)
         except (msgspec.DecodeError, ValueError, TypeError, KeyError) as exc:
-            log.warning("dropped a worker message: %s: %s", type(exc).__name__, exc)
+            log.warning("dropped worker messages: %s: %s", type(exc).__name__, exc)
 
     def _peer(self, origin: int, pid: int, now_s: float) -> _Peer:
         peer = self.peers.get(origin)

@@ -8,10 +8,13 @@ How: the supervisor reserves the listen port with a bound, non-listening socket 
 finds the port still free for it), then spawns N workers. Each worker is a whole router:
 its own event loop, aiohttp app, upstream pool, health loop, scraper and ``Fleet`` (index
 and load), listening on the shared port with ``SO_REUSEPORT``; the kernel spreads new
-connections over the listening workers by a hash of the connection's addresses. Workers
-do not talk to each other. In approximate mode they still send a new prefix to the same
-backend, because the prefix policy breaks ties by rendezvous hashing on the first
-uncached block; in exact mode each worker subscribes to the same KV events.
+connections over the listening workers by a hash of the connection's addresses. The
+workers replicate each other's Fleet calls over a local ZMQ bus (``worker_sync.py``), so
+each one holds the index and load that one process handling all the host's requests
+would hold; the rendezvous tie-break then makes them decide alike. ``--no-worker-sync``
+turns that off (each worker learns only from its own requests; measured: the engine hit
+rate falls with the number of workers). In exact mode every worker also subscribes to
+the same KV events.
 
 The supervisor restarts a worker that dies (backoff 0.5 s doubling to 10 s, reset after
 a worker ran 30 s) and on SIGTERM/SIGINT sends SIGTERM to every worker, which drains
