@@ -35,7 +35,7 @@ def plot_ttft_cdfs(outcomes: Mapping[str, RouterOutcome], path: Path, title: str
     ax.axhline(0.99, ls=":", color="grey")
     ax.set(xlabel="TTFT (ms, wall)", ylabel="fraction of requests", ylim=(0, 1.01))
     ax.set_xscale("log")
-    ax.set_title(title or "TTFT CDF per router", fontsize=9)
+    ax.set_title(title.replace("; ", "\n") or "TTFT CDF per router", fontsize=9)
     ax.legend(fontsize=8)
     return _save(fig, path)
 
@@ -59,5 +59,5 @@ def plot_bars(outcomes: Mapping[str, RouterOutcome], path: Path, title: str = ""
         for xi, v in zip(x, values, strict=True):
             ax.text(xi, v, f"{v:.3g}", ha="center", va="bottom", fontsize=7)
     if title:
-        fig.suptitle(title, fontsize=9)
+        fig.suptitle(title.replace("; ", "\n"), fontsize=9)
     return _save(fig, path)
