@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvroute.core.cost import CostConfig, PrefillRate, estimate_ttft_s, kv_pressure
+from kvroute.core.cost import CostConfig, PrefillRate, estimate_ttft_s, kv_shortage
 from kvroute.core.fleet import Fleet
 from tests.core.routing_helpers import chain, make_fleet, req, serve, url
 
@@ -104,7 +104,6 @@ def test_estimate_adds_queue_prefill_overhead_in_seconds():
         cached_tokens=600,
         queued_prefill_tokens=2000,
         prefill_tokens_per_s=10_000,
-        kv_usage=0.0,
         config=cfg,
     )
     assert ttft == pytest.approx(0.01 + 0.2 + 0.04)
@@ -117,7 +116,6 @@ def test_estimate_caps_the_hit_at_prompt_minus_one_and_adds_attention():
         cached_tokens=100,
         queued_prefill_tokens=0,
         prefill_tokens_per_s=1000,
-        kv_usage=0.0,
         config=cfg,
     )
     assert full_hit > 0  # the last token is always recomputed
@@ -127,7 +125,6 @@ def test_estimate_caps_the_hit_at_prompt_minus_one_and_adds_attention():
             cached_tokens=0,
             queued_prefill_tokens=0,
             prefill_tokens_per_s=10_000,
-            kv_usage=0.0,
             config=cfg,
         )
         for n in (1000, 80_000)
@@ -135,21 +132,26 @@ def test_estimate_caps_the_hit_at_prompt_minus_one_and_adds_attention():
     assert long / short > 80 * 1.5  # superlinear: the quadratic attention term
 
 
-def test_kv_pressure_starts_at_the_threshold_and_costs_time():
+def test_kv_shortage_counts_only_the_blocks_a_request_adds():
     cfg = CostConfig()
-    assert kv_pressure(0.5, cfg) == 0.0 and kv_pressure(1.0, cfg) == 1.0
-    calm, full = (
-        estimate_ttft_s(
+    assert kv_shortage(100, 500, 1000) == 0.0 and kv_shortage(1500, 0, 1000) == 1.0
+
+    def estimate(cached: int, free: float) -> float:
+        return estimate_ttft_s(
             num_prompt_tokens=2000,
-            cached_tokens=1600,
+            cached_tokens=cached,
             queued_prefill_tokens=0,
             prefill_tokens_per_s=10_000,
-            kv_usage=u,
             config=cfg,
+            kv_free_tokens=free,
+            kv_capacity_tokens=4000,
+            decode_tokens=100,
         )
-        for u in (0.5, 1.0)
-    )
-    assert full > calm + cfg.kv_full_wait_s * 0.99
+
+    # A holder full of the very prefix it would serve pays no admission wait...
+    assert estimate(cached=1984, free=500) == estimate(cached=1984, free=4000)
+    # ...while a cold request that does not fit waits for blocks.
+    assert estimate(cached=0, free=0) > estimate(cached=0, free=4000) + cfg.kv_full_wait_s * 0.5
 
 
 def test_prefill_rate_learns_and_stays_bounded():
@@ -176,9 +178,7 @@ def test_fleet_learns_the_rate_from_first_tokens():
     assert state.rate_samples == 40
 
 
-@pytest.mark.parametrize(
-    "field", ["rate_ewma_alpha", "kv_pressure_threshold", "min_prefill_tokens_per_s"]
-)
+@pytest.mark.parametrize("field", ["rate_ewma_alpha", "kv_full_wait_s", "min_prefill_tokens_per_s"])
 def test_bad_cost_config_raises_value_error_naming_the_field(field):
     with pytest.raises(ValueError, match=field):
         CostConfig(**{field: -1.0})

@@ -3,7 +3,7 @@
     ttft_s = overhead_s
            + queued_prefill_tokens_ahead / rate              (queue wait)
            + max(min_prefill_s, work_tokens / rate)          (this request's prefill)
-           + kv_pressure_s                                   (admission wait near full KV)
+           + kv_full_wait_s * kv_shortage                    (admission wait for KV blocks)
 
     work_tokens = uncached + attention_tokens_per_pair * uncached * (cached + uncached / 2)
 
@@ -11,9 +11,14 @@ The quadratic attention term is expressed in linear-token equivalents so that on
 rate (tokens/s per backend) calibrates both: with the default 2.5e-5, one new token that
 attends to 40k context tokens costs one extra token, which is where the attention and
 linear terms of an 8B model on an A100 cross (anchors/workloads-and-cost-model.md §3.5).
-Near-full KV makes predicted cached blocks less trustworthy (they may be evicted before
-the request is admitted) and may hold admission until running requests free blocks; both
-effects grow smoothly above ``kv_pressure_threshold``.
+
+KV pressure is about the blocks this request must *add*: the engine admits it only when
+its uncached tokens (and its decode) fit in the blocks not pinned by running requests
+and not claimed by prefills queued ahead. A cached prefix costs no new blocks, and while
+requests using it run its blocks are pinned, so a busy holder of a hot prefix is not
+penalised for being full of that very prefix. (An earlier version discounted predicted
+hits whenever KV usage was high; on the 40 GB 13B profile, where one long prefix fills a
+replica, that sent a third of the traffic away from its cached prefix and thrashed.)
 """
 
 from __future__ import annotations
@@ -35,9 +40,7 @@ class CostConfig:
     attention_tokens_per_pair: float = 2.5e-5  # linear-token equivalent of one attention pair
     overhead_s: float = 0.015  # per-request constant (HTTP, tokenization, scheduling)
     min_prefill_s: float = 0.005  # floor of a prefill: one forward pass, even on a full hit
-    kv_pressure_threshold: float = 0.85  # KV usage above which pressure terms start, [0, 1)
-    kv_full_wait_s: float = 1.0  # admission wait estimated at 100 % KV usage
-    kv_full_cached_loss: float = 0.5  # fraction of predicted hit assumed evicted at 100 %
+    kv_full_wait_s: float = 1.0  # admission wait when a whole cache's worth of KV is missing
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -52,10 +55,6 @@ class CostConfig:
             raise ValueError("cost.rate_ewma_alpha: must be in (0, 1]")
         if self.max_sample_ratio < 1:
             raise ValueError("cost.max_sample_ratio: must be >= 1")
-        if not self.kv_pressure_threshold < 1:
-            raise ValueError("cost.kv_pressure_threshold: must be in [0, 1)")
-        if self.kv_full_cached_loss > 1:
-            raise ValueError("cost.kv_full_cached_loss: must be in [0, 1]")
 
 
 def work_tokens(uncached_tokens: int, cached_tokens: int, config: CostConfig) -> float:
@@ -64,13 +63,11 @@ def work_tokens(uncached_tokens: int, cached_tokens: int, config: CostConfig) ->
     return uncached_tokens + config.attention_tokens_per_pair * pairs
 
 
-def kv_pressure(kv_usage: float, config: CostConfig) -> float:
-    """0 below the threshold, rising quadratically to 1 at full KV usage."""
-    thr = config.kv_pressure_threshold
-    if kv_usage <= thr:
+def kv_shortage(need_tokens: float, free_tokens: float, capacity_tokens: float) -> float:
+    """Share of the cache (0..1) that a request's new KV lacks; 0 when it fits now."""
+    if capacity_tokens <= 0:
         return 0.0
-    x = min(1.0, (kv_usage - thr) / (1.0 - thr))
-    return x * x
+    return min(1.0, max(0.0, need_tokens - free_tokens) / capacity_tokens)
 
 
 def estimate_ttft_s(
@@ -79,19 +76,25 @@ def estimate_ttft_s(
     cached_tokens: int,
     queued_prefill_tokens: int,
     prefill_tokens_per_s: float,
-    kv_usage: float,
     config: CostConfig,
+    kv_free_tokens: float = float("inf"),
+    kv_capacity_tokens: float = 0.0,
+    decode_tokens: int = 0,
 ) -> float:
-    """Estimated TTFT in seconds of a request on one backend (module docstring)."""
-    pressure = kv_pressure(kv_usage, config)
-    cached = int(cached_tokens * (1.0 - config.kv_full_cached_loss * pressure))
-    cached = max(0, min(cached, num_prompt_tokens - 1))
+    """Estimated TTFT in seconds of a request on one backend (module docstring).
+
+    ``kv_free_tokens``: KV the engine could give this request now (capacity minus blocks
+    pinned by running requests minus prefills queued ahead); ``decode_tokens``: the KV its
+    output will add.
+    """
+    cached = max(0, min(cached_tokens, num_prompt_tokens - 1))
     uncached = max(0, num_prompt_tokens - cached)
     queue_wait_s = queued_prefill_tokens / prefill_tokens_per_s
     prefill_s = max(
         config.min_prefill_s, work_tokens(uncached, cached, config) / prefill_tokens_per_s
     )
-    return config.overhead_s + queue_wait_s + prefill_s + config.kv_full_wait_s * pressure
+    shortage = kv_shortage(uncached + decode_tokens, kv_free_tokens, kv_capacity_tokens)
+    return config.overhead_s + queue_wait_s + prefill_s + config.kv_full_wait_s * shortage
 
 
 class PrefillRate:

@@ -705,12 +705,17 @@ class _View:
         b = fleet._get(url)
         bs = b.block_size or fleet.config.default_block_size
         capacity_tokens = fleet.index.url_to_model[url].capacity_blocks * bs
-        own_usage = b.load.in_flight_context_tokens / capacity_tokens
+        # Pinned KV from the engine's gauge (0 until scraped); our queued prefills will
+        # claim their uncached blocks on top of it.
+        pinned_tokens = (b.kv_cache_usage or 0.0) * capacity_tokens
+        free_tokens = capacity_tokens - pinned_tokens - b.load.queued_prefill_tokens
         return estimate_ttft_s(
             num_prompt_tokens=request.num_prompt_tokens,
             cached_tokens=cached_tokens,
             queued_prefill_tokens=b.load.queued_prefill_tokens,
             prefill_tokens_per_s=b.rate.tokens_per_s,
-            kv_usage=max(own_usage, b.kv_cache_usage or 0.0),
             config=fleet.config.cost,
+            kv_free_tokens=free_tokens,
+            kv_capacity_tokens=capacity_tokens,
+            decode_tokens=request.max_tokens,
         )

@@ -56,7 +56,6 @@ class BackendLoad:
         "decode_tokens",
         "engine_num_running",
         "engine_num_waiting",
-        "in_flight_context_tokens",
         "in_flight_requests",
         "mean_decode_tokens",
         "mean_uncached_tokens",
@@ -69,7 +68,6 @@ class BackendLoad:
         self.queued_prefill_requests = 0  # of which have not produced a first token
         self.queued_prefill_tokens_ours = 0  # their uncached prompt tokens
         self.decode_tokens = 0  # max_tokens of our in-flight requests
-        self.in_flight_context_tokens = 0  # prompt + max_tokens of our in-flight requests
         self.engine_num_running: int | None = None  # last scraped vllm:num_requests_running
         self.engine_num_waiting: int | None = None  # last scraped vllm:num_requests_waiting
         self.mean_uncached_tokens = PRIOR_UNCACHED_TOKENS  # EWMA per dispatched request
@@ -81,7 +79,6 @@ class BackendLoad:
         self.queued_prefill_requests += 1
         self.queued_prefill_tokens_ours += ticket.uncached_tokens
         self.decode_tokens += ticket.decode_tokens
-        self.in_flight_context_tokens += ticket.num_prompt_tokens + ticket.decode_tokens
         a = MEAN_ALPHA
         self.mean_uncached_tokens += a * (ticket.uncached_tokens - self.mean_uncached_tokens)
         self.mean_decode_tokens += a * (ticket.decode_tokens - self.mean_decode_tokens)
@@ -99,7 +96,6 @@ class BackendLoad:
         self.release_prefill(ticket)
         self.in_flight_requests -= 1
         self.decode_tokens -= ticket.decode_tokens
-        self.in_flight_context_tokens -= ticket.num_prompt_tokens + ticket.decode_tokens
 
     def observe_engine(self, num_running: int | None, num_waiting: int | None) -> None:
         """Record the engine's scraped gauges (None keeps the previous value)."""
@@ -133,7 +129,6 @@ class BackendLoad:
         )
         assert self.queued_prefill_tokens_ours >= 0, "load: queued prefill tokens < 0"
         assert self.decode_tokens >= 0, "load: decode tokens < 0"
-        assert self.in_flight_context_tokens >= 0, "load: context tokens < 0"
         if self.in_flight_requests == 0:
             assert self.queued_prefill_tokens_ours == 0 and self.decode_tokens == 0, (
                 "load: tokens left with no request in flight"
