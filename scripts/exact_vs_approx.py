@@ -88,7 +88,9 @@ class Checker:
                     "last_seq": status.last_seq if status else None,
                     "gaps": status.num_gaps if status else None,
                     "blocks": model.num_confirmed if model is not None else None,
-                    "digest": str(sum(model.confirmed_keys()) % 2**64) if model else None,
+                    "digest": str(sum(model.confirmed_keys()) % 2**64)
+                    if model is not None
+                    else None,
                 }
             return out
 
@@ -180,6 +182,17 @@ def view_check(kv: dict[str, Any], snap: dict[str, dict[str, Any]], exact: bool)
         out["backends_equal"] = "n/a (text keys)"
     n = sum(r["num_reported"] for r in rows.values())
     out["pred_exact_share"] = sum(r["num_reported_exact"] for r in rows.values()) / n if n else None
+    out["per_backend"] = {
+        u: {
+            "router": [
+                rows[u]["confirmed_blocks"],
+                rows[u]["confirmed_digest"],
+                rows[u]["kv_last_seq"],
+            ],
+            "engine": [v["blocks"], v["digest"], v["last_seq"]],
+        }
+        for u, v in snap.items()
+    }
     hit = sum(r["reported_hit_tokens"] for r in rows.values())
     pred = sum(r["reported_predicted_tokens"] for r in rows.values())
     out["predicted_over_reported"] = pred / hit if hit else None
