@@ -140,3 +140,22 @@ def test_ties_do_not_depend_on_pythonhashseed(seeds):
         )
         outputs.append(json.loads(out.stdout))
     assert outputs[0] == outputs[1] == _decide_in_fresh_fleet()
+
+
+def test_a_new_prefix_fills_a_free_cache_before_evicting_another_prefix():
+    # Replicas with room for 30 blocks; two 20-block prompts sharing their first block.
+    # Longest-prefix routing would put the second on the holder of that block (one block
+    # cheaper to prefill) and evict 9 blocks of the first; the recompute that eviction
+    # causes later makes the empty replica cheaper.
+    fleet = make_fleet(n=2, capacity=30)
+    homes = []
+    for i in range(2):
+        decision, t = serve(fleet, req(f"p{i}", chain((7, 1), (100 + i, 19))), now=float(i))
+        fleet.on_first_token(t, i + 0.0476)
+        fleet.finish(t, i + 0.2, ok=True)
+        homes.append(decision.backend)
+    assert homes[0] != homes[1]
+    for i in range(2):  # each prefix is then served from where it was put
+        again, t = serve(fleet, req(f"q{i}", chain((7, 1), (100 + i, 19))), now=10.0 + i)
+        fleet.finish(t, 10.5 + i, ok=True)
+        assert again.backend == homes[i] and again.reason == "prefix"

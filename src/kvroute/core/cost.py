@@ -4,6 +4,7 @@
            + queued_prefill_tokens_ahead / rate              (queue wait)
            + max(min_prefill_s, work_tokens / rate)          (this request's prefill)
            + kv_full_wait_s * kv_shortage                    (admission wait for KV blocks)
+           + evicted_reuse_fraction * evicted_tokens / rate  (recompute it causes later)
 
     work_tokens = uncached + attention_tokens_per_pair * uncached * (cached + uncached / 2)
 
@@ -19,6 +20,14 @@ requests using it run its blocks are pinned, so a busy holder of a hot prefix is
 penalised for being full of that very prefix. (An earlier version discounted predicted
 hits whenever KV usage was high; on the 40 GB 13B profile, where one long prefix fills a
 replica, that sent a third of the traffic away from its cached prefix and thrashed.)
+
+The last term is not this request's time but the time it costs later requests: the
+blocks it adds to a full cache evict as many cached blocks, and a share of those
+(``evicted_reuse_fraction``) would have been hit again. It makes a cold prompt prefer a
+replica with free cache over a full one holding other prefixes (so the fleet's total
+cache is used, instead of piling new prefixes onto whichever replica shares a first
+block), and keeps overflow of a long prefix from flushing another replica's prefix
+unless the queue it avoids is worth more.
 """
 
 from __future__ import annotations
@@ -41,6 +50,7 @@ class CostConfig:
     overhead_s: float = 0.015  # per-request constant (HTTP, tokenization, scheduling)
     min_prefill_s: float = 0.005  # floor of a prefill: one forward pass, even on a full hit
     kv_full_wait_s: float = 1.0  # admission wait when a whole cache's worth of KV is missing
+    evicted_reuse_fraction: float = 0.2  # share of evicted cached tokens recomputed later
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -80,12 +90,13 @@ def estimate_ttft_s(
     kv_free_tokens: float = float("inf"),
     kv_capacity_tokens: float = 0.0,
     decode_tokens: int = 0,
+    evicted_tokens: float = 0.0,
 ) -> float:
     """Estimated TTFT in seconds of a request on one backend (module docstring).
 
     ``kv_free_tokens``: KV the engine could give this request now (capacity minus blocks
     pinned by running requests minus prefills queued ahead); ``decode_tokens``: the KV its
-    output will add.
+    output will add; ``evicted_tokens``: cached tokens its new blocks push out.
     """
     cached = max(0, min(cached_tokens, num_prompt_tokens - 1))
     uncached = max(0, num_prompt_tokens - cached)
@@ -94,7 +105,9 @@ def estimate_ttft_s(
         config.min_prefill_s, work_tokens(uncached, cached, config) / prefill_tokens_per_s
     )
     shortage = kv_shortage(uncached + decode_tokens, kv_free_tokens, kv_capacity_tokens)
-    return config.overhead_s + queue_wait_s + prefill_s + config.kv_full_wait_s * shortage
+    eviction_s = config.evicted_reuse_fraction * evicted_tokens / prefill_tokens_per_s
+    wait_s = config.kv_full_wait_s * shortage
+    return config.overhead_s + queue_wait_s + prefill_s + wait_s + eviction_s
 
 
 class PrefillRate:

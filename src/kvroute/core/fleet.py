@@ -704,7 +704,12 @@ class _View:
         fleet = self._fleet
         b = fleet._get(url)
         bs = b.block_size or fleet.config.default_block_size
-        capacity_tokens = fleet.index.url_to_model[url].capacity_blocks * bs
+        model = fleet.index.url_to_model[url]
+        capacity_tokens = model.capacity_blocks * bs
+        # Blocks this request adds to the cache push out as many held ones once it is full.
+        held = len(model)
+        new_blocks = max(0, request.num_prompt_tokens - cached_tokens) // bs
+        evicted_blocks = min(held, max(0, held + new_blocks - model.capacity_blocks))
         # Pinned KV from the engine's gauge (0 until scraped); our queued prefills will
         # claim their uncached blocks on top of it.
         pinned_tokens = (b.kv_cache_usage or 0.0) * capacity_tokens
@@ -718,4 +723,5 @@ class _View:
             kv_free_tokens=free_tokens,
             kv_capacity_tokens=capacity_tokens,
             decode_tokens=request.max_tokens,
+            evicted_tokens=evicted_blocks * bs,
         )
