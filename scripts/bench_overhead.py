@@ -198,7 +198,14 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=32, help="workers in the throughput run")
     p.add_argument("--duration", type=float, default=5.0, help="seconds of the throughput run")
     p.add_argument("--prompt-repeat", type=int, default=8, help="prompt = sentence x this")
-    asyncio.run(run(p.parse_args()))
+    p.add_argument(
+        "--print-minimal-backend", action="store_true", help="print the bare backend and exit"
+    )
+    args = p.parse_args()
+    if args.print_minimal_backend:
+        print(MINIMAL_BACKEND)
+        return
+    asyncio.run(run(args))
 
 
 if __name__ == "__main__":
