@@ -159,3 +159,16 @@ def test_a_new_prefix_fills_a_free_cache_before_evicting_another_prefix():
         again, t = serve(fleet, req(f"q{i}", chain((7, 1), (100 + i, 19))), now=10.0 + i)
         fleet.finish(t, 10.5 + i, ok=True)
         assert again.backend == homes[i] and again.reason == "prefix"
+
+
+def test_new_prefixes_use_every_idle_backend_not_only_the_first_few_by_load_order():
+    # An idle fleet: every backend is equally least loaded, so the least-loaded
+    # candidates alone are always the same few; hashed homes reach the others.
+    fleet = make_fleet(n=8)
+    used = set()
+    for i in range(64):
+        decision, t = serve(fleet, req(f"p{i}", chain((1000 + i, 4))), now=float(i))
+        fleet.on_first_token(t, i + 0.0226)
+        fleet.finish(t, i + 0.03, ok=True)
+        used.add(decision.backend)
+    assert len(used) == 8

@@ -37,11 +37,13 @@ def stored(ids: Sequence[int], start_block: int = 0, end_block: int | None = Non
     return BlockStored(hashes[start_block:end], parent, list(ids[start_block * BS : end * BS]), BS)
 
 
-def exact_fleet(n: int = 2, *, mode: str = "exact", ttl: float = 3.0, policy: str = "prefix"):
+def exact_fleet(
+    n: int = 2, *, mode: str = "exact", ttl: float = 3.0, policy: str = "prefix", **policy_kw
+):
     config = FleetConfig(
         default_block_size=BS, default_capacity_blocks=1000, mode=mode, speculative_ttl_s=ttl
     )
-    fleet = Fleet(make_policy(policy), config)
+    fleet = Fleet(make_policy(policy, **policy_kw), config)
     for i in range(n):
         fleet.add_backend(url(i))
     return fleet
