@@ -172,3 +172,18 @@ def test_new_prefixes_use_every_idle_backend_not_only_the_first_few_by_load_orde
         fleet.finish(t, i + 0.03, ok=True)
         used.add(decision.backend)
     assert len(used) == 8
+
+
+def test_a_backend_without_samples_borrows_the_fleets_rate():
+    # The real prefill rate (50k tokens/s) is 5x the prior; a backend that never served a
+    # request must not look slower than the ones that did (it would never get traffic).
+    fleet = make_fleet(n=2, capacity=10_000, num_hashed=0)
+    for i in range(12):  # warm backend 0 only
+        _, t = serve(fleet, req(f"w{i}", chain((500 + i, 60))), now=float(i), exclude=[url(1)])
+        fleet.on_first_token(t, i + 0.015 + 965 / 50_000)
+        fleet.finish(t, i + 0.5, ok=True)
+    cold = req("cold", chain((999, 60)))
+    on_warm = fleet.route(cold, 20.0, exclude=[url(1)])
+    on_new = fleet.route(cold, 20.0, exclude=[url(0)])
+    assert on_warm is not None and on_new is not None
+    assert on_new.ttft_estimate_s == pytest.approx(on_warm.ttft_estimate_s, rel=0.05)

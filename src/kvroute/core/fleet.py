@@ -32,6 +32,9 @@ _ALL = "\x00all"  # load-order group of every orderable backend
 _WILD = "\x00wild"  # group of backends whose model list is unknown (serve any model)
 
 
+MIN_OWN_RATE_SAMPLES = 3  # first tokens a backend needs before its own rate is used
+
+
 @dataclass(frozen=True, slots=True)
 class FleetConfig:
     """Fleet-wide knobs."""
@@ -238,6 +241,10 @@ class Fleet:
         self._model_to_block_size: dict[str | None, int] = {}  # cache
         self._model_to_key_kind: dict[str | None, str] = {}  # cache
         self.sync = ExactSync(self.index, self.config.mode, self.config.speculative_ttl_s)
+        # Prefill rate per unit of weight over the whole fleet: the prior of a backend
+        # that has not served enough requests to have its own (else a backend that starts
+        # at a pessimistic prior looks slow, is never chosen, and never learns otherwise).
+        self.fleet_rate = PrefillRate(self.config.cost)
 
     # -- membership --------------------------------------------------------------------
 
@@ -443,7 +450,14 @@ class Fleet:
         uncached = max(0, ticket.num_prompt_tokens - cached)
         work = ticket.queued_ahead_tokens + work_tokens(uncached, cached, self.config.cost)
         b.rate.observe(work, now - ticket.dispatched_at_s)
+        self.fleet_rate.observe(work / b.weight, now - ticket.dispatched_at_s)
         self._reorder(b)
+
+    def prefill_rate_of(self, b: _Backend) -> float:
+        """``b``'s learned rate, or the fleet's (scaled by weight) until it has its own."""
+        if b.rate.num_samples >= MIN_OWN_RATE_SAMPLES or self.fleet_rate.num_samples == 0:
+            return b.rate.tokens_per_s
+        return self.fleet_rate.tokens_per_s * b.weight
 
     def record_cached_tokens(self, ticket: Ticket, cached_tokens: int) -> None:
         """The engine's own hit for this request (usage.prompt_tokens_details.cached_tokens).
@@ -718,7 +732,7 @@ class _View:
             num_prompt_tokens=request.num_prompt_tokens,
             cached_tokens=cached_tokens,
             queued_prefill_tokens=b.load.queued_prefill_tokens,
-            prefill_tokens_per_s=b.rate.tokens_per_s,
+            prefill_tokens_per_s=fleet.prefill_rate_of(b),
             config=fleet.config.cost,
             kv_free_tokens=free_tokens,
             kv_capacity_tokens=capacity_tokens,
