@@ -48,6 +48,17 @@ def test_parse_router_names(name, kind, policy):
     assert parse_router(name) == RouterSpec(name, kind, policy)
 
 
+def test_kvroute_exact_subscribes_to_every_backends_events():
+    spec = parse_router("kvroute-exact")
+    assert (spec.kind, spec.policy, spec.mode) == ("kvroute", "prefix", "exact")
+    cmd = router_command(spec, ["http://a:1", "http://b:2"], 9, ["tcp://a:5", "tcp://b:6"])
+    assert cmd[cmd.index("--mode") + 1] == "exact"
+    assert [cmd[i + 1] for i, a in enumerate(cmd) if a == "--kv-events"] == [
+        "http://a:1=tcp://a:5",
+        "http://b:2=tcp://b:6",
+    ]
+
+
 @pytest.mark.parametrize("name", ["nginx", "", "sglang:cache_aware", "Round_Robin"])
 def test_parse_router_unknown_name_is_a_value_error(name):
     with pytest.raises(ValueError, match="unknown router"):
@@ -183,15 +194,15 @@ def _alive(pid: int) -> bool:
 async def test_compare_two_routers_on_a_tiny_fleet_and_a_skipped_peer(monkeypatch, tmp_path):
     real = router_command
 
-    def peerless(spec, backends, port):
+    def peerless(spec, backends, port, kv_endpoints=()):
         if spec.kind != "kvroute":
             raise RouterUnavailable(f"{spec.name} is not installed")
-        return real(spec, backends, port)
+        return real(spec, backends, port, kv_endpoints)
 
     monkeypatch.setattr(compare_mod, "router_command", peerless)
     config = CompareConfig(
         "ranvier-stress",
-        ("round_robin", "kvroute", "sglang"),
+        ("round_robin", "kvroute-exact", "sglang"),
         num_backends=2,
         profile="tiny",
         speedup=2.0,
@@ -206,23 +217,24 @@ async def test_compare_two_routers_on_a_tiny_fleet_and_a_skipped_peer(monkeypatc
         progress=False,
     )
     outcomes = await run_compare_async(config)
-    assert list(outcomes) == ["round_robin", "kvroute", "sglang"]
+    assert list(outcomes) == ["round_robin", "kvroute-exact", "sglang"]
     assert outcomes["sglang"].skipped == "sglang is not installed"
     from kvroute.bench.compare_report import write_compare
 
     paths = write_compare(outcomes, tmp_path / "out", plots=False)
     data = json.loads(paths["compare"].read_text())
     assert data["sglang"] == {"router": "sglang", "skipped": "sglang is not installed"}
-    for name in ("round_robin", "kvroute"):
+    for name in ("round_robin", "kvroute-exact"):
         result = data[name]
         assert set(result) >= DESIGN_KEYS
         assert result["router"] == name and result["completed"] == 40
         assert 0.0 <= result["engine_prefix_hit_rate"] <= 1.0
         assert result["config"]["speedup"] == 2.0 and result["config"]["num_backends"] == 2
         assert len(result["per_backend"]) == 2
-    assert data["kvroute"]["router_decisions"]  # kvroute says why it routed
-    assert (tmp_path / "out" / "kvroute" / "result.json").exists()
-    for name in ("round_robin", "kvroute"):  # fleets and routers are gone
+    assert data["kvroute-exact"]["router_decisions"]  # kvroute says why it routed
+    assert "--mode exact" in data["kvroute-exact"]["config"]["router_command"]
+    assert (tmp_path / "out" / "kvroute-exact" / "result.json").exists()
+    for name in ("round_robin", "kvroute-exact"):  # fleets and routers are gone
         config_json = data[name]["config"]
         assert all(_refused(u) for u in [config_json["target"], *config_json["backend_metrics"]])
 

@@ -204,8 +204,16 @@ async def run_one(
     backends = [f"http://127.0.0.1:{port_base + i}" for i in range(n)]
     router_port = free_port()
     router_url = f"http://127.0.0.1:{router_port}"
-    router_cmd = router_command(spec, backends, router_port)  # RouterUnavailable first
+    kv_args: list[str] = []
+    kv_endpoints: list[str] = []
+    if spec.mode == "exact":  # the fleet publishes KV events, the router subscribes
+        kv_base = free_port_range(n, start=port_base + n)
+        kv_args = ["--kv-events", "--kv-port-base", str(kv_base)]
+        kv_endpoints = [f"tcp://127.0.0.1:{kv_base + i}" for i in range(n)]
+    # RouterUnavailable before anything starts
+    router_cmd = router_command(spec, backends, router_port, kv_endpoints)
     sim_cmd = sim_command(n, port_base, config.profile, config.speedup, config.sim_args)
+    sim_cmd += kv_args
     sim_cmd += ["--seed", str(config.seed)]
     stem = safe_name(spec.name)
     async with managed(f"sim for {spec.name}", sim_cmd, log_dir / f"{stem}-sim.log") as sim:

@@ -4,9 +4,10 @@ Example: ``kvroute compare --workload ranvier-stress --backends 8 --profile
 codellama-13b-a100-40g --routers round_robin,kvroute,sglang --duration 120 --speedup 4``.
 
 Router names: round_robin, least_load, power_of_two, consistent_hash, random (kvroute's
-own policies), kvroute (the prefix policy), kvroute:<policy>, sglang (sglang-router,
-cache_aware), vllm-router (cache_aware); the peers come with ``pip install '.[peers]'``
-and are reported as skipped when missing.
+own policies), kvroute (the prefix policy), kvroute-exact (the same on the engines' KV
+events: the fleet publishes them, the router runs --mode exact), kvroute:<policy>,
+sglang (sglang-router, cache_aware), vllm-router (cache_aware); the peers come with
+``pip install '.[peers]'`` and are reported as skipped when missing.
 
 Outputs in --out: compare.json (router -> result.json, or {"skipped"|"error": why}),
 compare.txt (the table), compare_ttft_cdf.png, compare_bars.png, one folder per router

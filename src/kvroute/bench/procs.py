@@ -38,19 +38,22 @@ class RouterSpec:
     name: str  # as the user wrote it, the label in reports
     kind: str  # "kvroute" or a peer name
     policy: str  # kvroute policy name, or the peer's policy
+    mode: str | None = None  # kvroute's --mode; "exact" also makes the fleet publish KV events
 
 
 def parse_router(name: str) -> RouterSpec:
-    """``round_robin`` | ``kvroute`` | ``kvroute:<policy>`` | ``sglang`` | ``vllm-router``."""
+    """``round_robin`` | ``kvroute`` | ``kvroute-exact`` | ``kvroute:<policy>`` | peers."""
     if name == "kvroute":
         return RouterSpec(name, "kvroute", "prefix")
+    if name == "kvroute-exact":
+        return RouterSpec(name, "kvroute", "prefix", mode="exact")
     if name.startswith("kvroute:"):
         return RouterSpec(name, "kvroute", name.split(":", 1)[1])
     if name in KVROUTE_POLICIES:
         return RouterSpec(name, "kvroute", name)
     if name in PEERS:
         return RouterSpec(name, name, "cache_aware")
-    known = ", ".join((*KVROUTE_POLICIES, "kvroute", "kvroute:<policy>", *PEERS))
+    known = ", ".join((*KVROUTE_POLICIES, "kvroute", "kvroute-exact", "kvroute:<policy>", *PEERS))
     raise ValueError(f"unknown router {name!r}; known: {known}")
 
 
@@ -79,12 +82,21 @@ def free_port_range(n: int, start: int = 21000, stop: int = 60000) -> int:
     raise RuntimeError(f"no range of {n} free ports found")
 
 
-def router_command(spec: RouterSpec, backends: Sequence[str], port: int) -> list[str]:
-    """The command line that starts ``spec`` on ``port`` in front of ``backends``."""
+def router_command(
+    spec: RouterSpec, backends: Sequence[str], port: int, kv_endpoints: Sequence[str] = ()
+) -> list[str]:
+    """The command line that starts ``spec`` on ``port`` in front of ``backends``.
+
+    ``kv_endpoints``: the backends' KV-event endpoints (same order), for exact mode.
+    """
     if spec.kind == "kvroute":
         cmd = [sys.executable, "-m", "kvroute.cli", "serve", "--policy", spec.policy]
         for url in backends:
             cmd += ["--backend", url]
+        if spec.mode is not None:
+            cmd += ["--mode", spec.mode]
+        for url, endpoint in zip(backends, kv_endpoints, strict=False):
+            cmd += ["--kv-events", f"{url}={endpoint}"]
         return [*cmd, "--host", "127.0.0.1", "--port", str(port)]
     prom = ["--prometheus-port", str(free_port())]  # both peers default to 29000: collide
     common = ["--worker-urls", *backends, "--policy", spec.policy]
