@@ -36,7 +36,12 @@ def test_predicted_cached_tokens_capped_at_prompt_minus_one():
     _, t = serve(fleet, req("a", blocks, prompt_tokens=4 * BS))
     fleet.on_first_token(t, 0.1)
     decision, _ = serve(fleet, req("b", blocks, prompt_tokens=4 * BS), now=1.0)
-    assert decision.predicted_cached_tokens == 4 * BS - 1
+    # Whole blocks within prompt - 1, as the engine reports: the last block is recomputed.
+    assert decision.predicted_cached_tokens == 3 * BS
+    same = req("c", blocks, prompt_tokens=4 * BS)
+    assert fleet.predicted_cached_tokens(decision.backend, same) == decision.predicted_cached_tokens
+    longer, _ = serve(fleet, req("d", blocks, prompt_tokens=4 * BS + 7), now=2.0)
+    assert longer.predicted_cached_tokens == 4 * BS
 
 
 def test_a_busy_holder_loses_to_cheap_recompute_reason_load():

@@ -25,7 +25,13 @@ from kvroute.core.cost import CostConfig, PrefillRate, estimate_ttft_s, work_tok
 from kvroute.core.index import LruCacheModel, PrefixIndex
 from kvroute.core.kv_sync import MODES, ExactSync, KvOutcome
 from kvroute.core.load import BackendLoad, Ticket
-from kvroute.core.policy.base import Decision, LoadView, Policy, RouteRequest
+from kvroute.core.policy.base import (
+    Decision,
+    LoadView,
+    Policy,
+    RouteRequest,
+    cached_tokens_for,
+)
 from kvroute.engine.kv_events import BlockStored, KvEvent
 
 _ALL = "\x00all"  # load-order group of every orderable backend
@@ -427,12 +433,11 @@ class Fleet:
         return ticket
 
     def predicted_cached_tokens(self, url: str, req: RouteRequest) -> int:
-        """Tokens of ``req`` the cache model of ``url`` holds, in whole blocks within prompt - 1
-        (as vLLM: a prompt that is exactly its cached blocks recomputes its last block)."""
+        """Tokens of ``req`` the cache model of ``url`` holds, as the engine would report them."""
         b = self._get(url)
         blocks = self.index.matched_blocks(url, req.block_hashes)
         bs = b.block_size or self.config.default_block_size
-        return max(0, min(blocks, (req.num_prompt_tokens - 1) // bs) * bs)
+        return cached_tokens_for(blocks, req.num_prompt_tokens, bs)
 
     def on_first_token(self, ticket: Ticket, now: float, cached_tokens: int | None = None) -> None:
         """Prefill done: release queued prefill tokens, learn the prefill rate (once)."""

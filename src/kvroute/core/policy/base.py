@@ -131,6 +131,13 @@ class Policy(abc.ABC):
         return None
 
 
+def cached_tokens_for(num_blocks: int, num_prompt_tokens: int, block_size: int) -> int:
+    """Tokens an engine serves from ``num_blocks`` matched blocks: whole blocks within
+    prompt - 1 (vLLM V1 recomputes the last token, so a prompt that is exactly its cached
+    blocks recomputes its whole last block)."""
+    return max(0, min(num_blocks, (num_prompt_tokens - 1) // block_size) * block_size)
+
+
 def rendezvous_score(key: int, url: str) -> int:
     """Highest-random-weight score of ``url`` for ``key``; the same in every process.
 

@@ -7,6 +7,7 @@ from kvroute.core.policy.base import (
     FleetView,
     Policy,
     RouteRequest,
+    cached_tokens_for,
     rendezvous_score,
     rest_by_load,
 )
@@ -26,8 +27,8 @@ class PrefixPolicy(Policy):
     to the highest rendezvous hash of (first uncached block key, URL), so independent
     router processes make the same choice. Reason: "prefix" when the winner has the
     deepest match, "load" when a holder existed but another backend was cheaper, "cold"
-    when nobody holds any block. The prediction is matched blocks x block size, capped at
-    prompt - 1 (the engine recomputes the last token).
+    when nobody holds any block. The prediction is the matched whole blocks within
+    prompt - 1 (``cached_tokens_for``: what the engine will report).
 
     When it loses: a hot prefix first lives on one backend; as that backend's queue grows
     the cost rule sends overflow to a least-loaded backend where recomputing is faster,
@@ -71,10 +72,9 @@ class PrefixPolicy(Policy):
                 url_to_depth[url] = view.matched_blocks(url, hashes) if deepest else 0
         if not url_to_depth:
             return None
-        max_cached = max(0, request.num_prompt_tokens - 1)
         scored = []
         for url, depth in url_to_depth.items():
-            cached = min(depth * view.block_size, max_cached)
+            cached = cached_tokens_for(depth, request.num_prompt_tokens, view.block_size)
             ttft_s = view.estimate_ttft_s(url, request, cached)
             scored.append((round(ttft_s, 9), -rendezvous_score(tie_key, url), url, cached))
         scored.sort()
