@@ -1,24 +1,30 @@
 """Router throughput and engine-measured hit rate with ``kvroute serve --workers N``.
 
-Two measurements per worker count (default 1, 2, 4), each with fresh processes:
+Two measurements per worker count (default 1, 2, 4), each with fresh router processes:
 
-- throughput: ``kvroute sim --profile instant`` backends (answers cost ~nothing), the
-  router with N workers in front, ``--clients`` load-generator processes with
-  ``--concurrency`` connections in all sending short non-streaming completions for
-  ``--duration`` seconds. Prints req/s, p50 latency and the router's CPU per request.
+- throughput: ``--backends`` bare HTTP backends that answer a completion for almost no
+  CPU (``--throughput-backend minimal``, the one of bench_overhead.py; or ``instant``:
+  ``kvroute sim --profile instant``, which costs about as much CPU per request as the
+  router), the router with N workers in front, and wrk (C, one thread; or, without wrk,
+  ``--clients`` Python client processes) with ``--concurrency`` keep-alive connections
+  sending short non-streaming completions over 64 different prompts for ``--duration``
+  seconds. The worker counts are interleaved ``--repeat`` times (the machine is shared
+  and noisy) and the summary gives the median req/s per count and its ratio to 1 worker.
 - hit rate: a fresh ``kvroute sim`` fleet of ``--hit-profile`` engines (speeded up),
   the router (prefix policy) with N workers, and ``kvroute bench --workload
   ranvier-stress --backend-metrics ...``; prints the engines' own prefix-cache hit rate
-  (delta hits / delta queries, tokens), request throughput and mean TTFT. Rows with
-  ``--no-worker-sync`` show the workers without decision sharing, and a round_robin
-  row with 1 worker shows what placement without locality scores.
+  (delta hits / delta queries, tokens), request throughput and mean TTFT. ``--hit-mode
+  exact`` makes the fleet publish KV events and every worker subscribe to them. Rows
+  with ``--no-worker-sync`` show the workers without decision sharing, and a
+  round_robin row with 1 worker shows what placement without locality scores.
 
 Each worker has its own index, fed by its own dispatches and (unless --no-worker-sync)
-by its peers' (router/worker_sync.py). The numbers depend on the machine: client,
-router and backends share its cores; ``--repeat`` interleaves repetitions.
+by its peers' (router/worker_sync.py), and in exact mode by the engines' events. The
+numbers depend on the machine: client, router workers and backends share its cores.
 
     .venv/bin/python scripts/bench_workers.py [--workers 1,2,4] [--duration 8]
-        [--hit-requests 300] [--skip-throughput] [--skip-hit-rate]
+        [--repeat 3] [--hit-requests 300] [--hit-mode exact] [--skip-throughput]
+        [--skip-hit-rate]
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import multiprocessing
 import os
 import queue
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -38,11 +45,19 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_overhead import MINIMAL_BACKEND
+
+from kvroute.bench.procs import free_port, free_port_range
+
 KVROUTE = [sys.executable, "-m", "kvroute.cli"]
+PROMPTS = [f"Conversation {k}: the quick brown fox jumps. " * 4 for k in range(64)]
 
 
 @contextlib.contextmanager
@@ -76,25 +91,62 @@ def wait_line(lines: queue.Queue[str], pattern: str, timeout_s: float = 90) -> s
 
 
 @contextlib.contextmanager
-def sim_fleet(n: int, profile: str, speedup: float) -> Iterator[list[str]]:
+def sim_fleet(
+    n: int, profile: str, speedup: float, kv_events: bool = False
+) -> Iterator[tuple[list[str], list[str]]]:
+    """``kvroute sim``: (backend URLs, their KV-event endpoints or [])."""
     cmd = [*KVROUTE, "sim", "--backends", str(n), "--profile", profile,
            "--speedup", str(speedup), "--port-base", "0"]  # fmt: skip
+    if kv_events:
+        cmd += ["--kv-events", "--kv-port-base", str(free_port_range(n))]
     with process(cmd) as (_, lines):
-        yield [wait_line(lines, rf"^backend {i}: ").split()[2] for i in range(n)]
+        found = [wait_line(lines, rf"^backend {i}: ").split() for i in range(n)]
+        urls = [words[2] for words in found]
+        yield urls, [words[4] for words in found] if kv_events else []
+
+
+@contextlib.contextmanager
+def minimal_fleet(n: int) -> Iterator[list[str]]:
+    """``n`` bare aiohttp backends (bench_overhead.py's): a canned completion, no engine."""
+    ports = [free_port() for _ in range(n)]
+    with contextlib.ExitStack() as stack:
+        for port in ports:
+            stack.enter_context(process([sys.executable, "-c", MINIMAL_BACKEND, str(port)]))
+        urls = [f"http://127.0.0.1:{port}" for port in ports]
+        for url in urls:
+            wait_http(url + "/health")
+        yield urls
+
+
+def wait_http(url: str, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as resp:
+            if resp.status == 200:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} did not answer within {timeout_s} s")
 
 
 @contextlib.contextmanager
 def router(
-    urls: list[str], workers: int, policy: str, sync: bool = True
+    urls: list[str], workers: int, policy: str, sync: bool = True, kv: list[str] | None = None
 ) -> Iterator[tuple[str, int]]:
-    """``kvroute serve --workers N``: (its URL, the supervisor pid)."""
-    cmd = [*KVROUTE, "serve", "--workers", str(workers), "--port", "0", "--policy", policy]
+    """``kvroute serve --workers N`` (exact mode when ``kv`` endpoints are given)."""
+    cmd = [*KVROUTE, "serve", "--workers", str(workers), "--port", "0", "--policy", policy,
+           "--log-level", "WARNING"]  # fmt: skip
     cmd += [] if sync else ["--no-worker-sync"]
     for url in urls:
         cmd += ["--backend", url]
+    if kv:
+        cmd += ["--mode", "exact"]
+        for url, endpoint in zip(urls, kv, strict=True):
+            cmd += ["--kv-events", f"{url}={endpoint}"]
     with process(cmd) as (proc, lines):
         line = wait_line(lines, r"listening on")
-        yield re.search(r"http://\S+", line).group(0), proc.pid  # type: ignore[union-attr]
+        url = re.search(r"http://\S+", line).group(0)  # type: ignore[union-attr]
+        wait_http(url + "/health")
+        yield url, proc.pid
 
 
 def cpu_seconds_tree(pid: int) -> float:
@@ -113,8 +165,8 @@ def cpu_seconds_tree(pid: int) -> float:
 # ------------------------------------------------------------------ throughput
 
 
-def _request_bytes(host: str, prompt: str) -> bytes:
-    body = json.dumps({"model": "instant", "prompt": prompt, "max_tokens": 1}).encode()
+def _request_bytes(host: str, prompt: str, model: str) -> bytes:
+    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": 1}).encode()
     head = (f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n")  # fmt: skip
     return head.encode() + body
@@ -133,7 +185,7 @@ async def _read_body(reader: asyncio.StreamReader, head: bytes) -> bytes:
 
 
 async def _client(
-    url: str, connections: int, duration_s: float, seed: int
+    url: str, connections: int, duration_s: float, seed: int, model: str
 ) -> tuple[list[float], float]:
     """(latencies ms of 200 answers, elapsed s): ``connections`` keep-alive loops.
 
@@ -142,10 +194,7 @@ async def _client(
     """
     hostport = url.split("//", 1)[1]
     host, port = hostport.rsplit(":", 1)
-    requests = [
-        _request_bytes(hostport, f"Conversation {k}: the quick brown fox jumps. " * 4)
-        for k in range(64)
-    ]
+    requests = [_request_bytes(hostport, prompt, model) for prompt in PROMPTS]
     lat: list[float] = []
     t0 = time.perf_counter()
     stop_at = t0 + duration_s
@@ -168,41 +217,125 @@ async def _client(
     return lat, time.perf_counter() - t0
 
 
-def _client_process(url: str, connections: int, duration_s: float, seed: int, out: Any) -> None:
+def _client_process(
+    url: str, connections: int, duration_s: float, seed: int, model: str, out: Any
+) -> None:
     try:
         import uvloop
 
         uvloop.install()
     except ImportError:
         pass
-    out.put(asyncio.run(_client(url, connections, duration_s, seed)))
+    out.put(asyncio.run(_client(url, connections, duration_s, seed, model)))
 
 
 def measure_throughput(
-    url: str, router_pid: int, clients: int, concurrency: int, duration_s: float
+    url: str, router_pid: int, args: argparse.Namespace, model: str
 ) -> tuple[float, float, float]:
-    """(req/s, p50 ms, router CPU us per request) with ``clients`` load processes."""
-    ctx = multiprocessing.get_context("spawn")
-    asyncio.run(_client(url, 8, 1.0, 99))  # warm-up: pools, first-use imports
-    out = ctx.Queue()
-    per = max(1, concurrency // clients)
-    procs = [
-        ctx.Process(target=_client_process, args=(url, per, duration_s, c, out))
-        for c in range(clients)
-    ]
+    """(req/s, p50 ms, router CPU us per request): wrk if installed, else Python clients."""
+    asyncio.run(_client(url, 8, 1.0, 99, model))  # warm-up: pools, first-use imports
     cpu0 = cpu_seconds_tree(router_pid)
+    if args.client == "wrk":
+        rps, p50, count = _wrk(url, args.concurrency, args.duration, model)
+    else:
+        rps, p50, count = _python_clients(url, args, model)
+    cpu1 = cpu_seconds_tree(router_pid)
+    return rps, p50, (cpu1 - cpu0) / max(1, count) * 1e6
+
+
+WRK_SCRIPT = """
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+bodies = {%s}
+i = 0
+request = function()
+  i = i + 1
+  return wrk.format(nil, nil, nil, bodies[(i %% #bodies) + 1])
+end
+done = function(summary, latency, requests)
+  io.write(string.format("KVROUTE %%d %%d %%f\\n", summary.requests,
+    summary.errors.status + summary.errors.connect + summary.errors.read
+    + summary.errors.write + summary.errors.timeout, latency:percentile(50) / 1000))
+end
+"""
+
+
+def _wrk(url: str, connections: int, duration_s: float, model: str) -> tuple[float, float, int]:
+    bodies = ",".join(
+        "[[" + json.dumps({"model": model, "prompt": p, "max_tokens": 1}) + "]]" for p in PROMPTS
+    )
+    with tempfile.NamedTemporaryFile("w", suffix=".lua") as script:
+        script.write(WRK_SCRIPT % bodies)
+        script.flush()
+        cmd = ["wrk", "-t1", f"-c{connections}", f"-d{duration_s:g}s", "-s", script.name,
+               url + "/v1/completions"]  # fmt: skip
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    total, errors, p50 = re.search(r"KVROUTE (\d+) (\d+) ([\d.]+)", out).groups()  # type: ignore[union-attr]
+    ok = int(total) - int(errors)
+    if int(errors):
+        print(f"  ({errors} failed requests through {url})", file=sys.stderr)
+    return ok / duration_s, float(p50), ok
+
+
+def _python_clients(url: str, args: argparse.Namespace, model: str) -> tuple[float, float, int]:
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    per = max(1, args.concurrency // args.clients)
+    procs = [
+        ctx.Process(target=_client_process, args=(url, per, args.duration, c, model, out))
+        for c in range(args.clients)
+    ]
     for p in procs:
         p.start()
     lat: list[float] = []
     rps = 0.0
     for _ in procs:
-        client_lat, elapsed_s = out.get(timeout=duration_s + 60)
+        client_lat, elapsed_s = out.get(timeout=args.duration + 60)
         lat += client_lat
         rps += len(client_lat) / elapsed_s  # the clients run side by side
-    cpu1 = cpu_seconds_tree(router_pid)
     for p in procs:
         p.join()
-    return rps, statistics.median(lat), (cpu1 - cpu0) / max(1, len(lat)) * 1e6
+    return rps, statistics.median(lat), len(lat)
+
+
+@contextlib.contextmanager
+def throughput_fleet(args: argparse.Namespace) -> Iterator[tuple[list[str], str]]:
+    """(backend URLs, the model they serve) for the throughput runs."""
+    if args.throughput_backend == "minimal":
+        with minimal_fleet(args.backends) as urls:
+            yield urls, "m"
+    else:
+        with sim_fleet(args.backends, "instant", 1.0) as (urls, _):
+            yield urls, "instant"
+
+
+def run_throughput(args: argparse.Namespace, counts: list[int]) -> None:
+    client = (f"wrk -t1 -c{args.concurrency}" if args.client == "wrk" else
+              f"{args.clients} Python client processes x {args.concurrency // args.clients}"
+              " connections")  # fmt: skip
+    print(f"\nthroughput: {args.backends} {args.throughput_backend} backends, policy "
+          f"{args.policy}, {client}, {args.duration:g} s per row, max_tokens 1, "
+          f"non-streaming, {args.repeat} interleaved rounds")  # fmt: skip
+    print(f"{'round':>5} {'workers':>7} {'sync':>5} {'req/s':>9} {'p50 ms':>8} "
+          f"{'router CPU us/req':>18}")  # fmt: skip
+    rows = [(n, True) for n in counts]
+    rows += [(n, False) for n in counts if n > 1 and not args.skip_no_sync]
+    results: dict[tuple[int, bool], list[float]] = {row: [] for row in rows}
+    with throughput_fleet(args) as (urls, model):
+        for k in range(args.repeat):
+            for n, sync in rows:
+                with router(urls, n, args.policy, sync) as (url, pid):
+                    rps, p50, cpu = measure_throughput(url, pid, args, model)
+                results[n, sync].append(rps)
+                sync_text = "yes" if sync else "no"
+                print(f"{k + 1:>5} {n:>7} {sync_text:>5} {rps:9.0f} {p50:8.2f} {cpu:18.0f}",
+                      flush=True)  # fmt: skip
+    base = statistics.median(results[rows[0]])
+    print("median req/s: " + ", ".join(
+        f"{n} worker{'s' if n > 1 else ''}{'' if sync else ' (no sync)'} "
+        f"{statistics.median(v):.0f} (x{statistics.median(v) / base:.2f})"
+        for (n, sync), v in results.items()
+    ))  # fmt: skip
 
 
 # ------------------------------------------------------------------ hit rate
@@ -211,9 +344,10 @@ def measure_throughput(
 def measure_hit_rate(
     args: argparse.Namespace, workers: int, policy: str, sync: bool
 ) -> dict[str, float]:
+    exact = args.hit_mode == "exact" and policy != "round_robin"
     with (
-        sim_fleet(args.backends, args.hit_profile, args.speedup) as urls,
-        router(urls, workers, policy, sync) as (url, _),
+        sim_fleet(args.backends, args.hit_profile, args.speedup, exact) as (urls, kv),
+        router(urls, workers, policy, sync, kv) as (url, _),
         tempfile.TemporaryDirectory() as out,
     ):
         cmd = [*KVROUTE, "bench", "--target", url, "--workload", "ranvier-stress",
@@ -232,15 +366,38 @@ def measure_hit_rate(
     }
 
 
+def run_hit_rate(args: argparse.Namespace, counts: list[int]) -> None:
+    print(f"\nhit rate: ranvier-stress, {args.backends} x {args.hit_profile} (speedup "
+          f"{args.speedup:g}), {args.hit_mode} mode, {args.hit_requests} requests, "
+          f"{args.hit_concurrency} users, think {args.think_time} s, seed {args.seed}; "
+          "engine-measured (tokens)")  # fmt: skip
+    print(f"{'policy':>12} {'workers':>7} {'sync':>5} {'hit %':>7} {'req/s':>7} "
+          f"{'mean TTFT ms':>13} {'failed':>6}")  # fmt: skip
+    rows = [(args.policy, n, True) for n in counts]
+    rows += [(args.policy, n, False) for n in counts if n > 1 and not args.skip_no_sync]
+    rows += [("round_robin", 1, True)]
+    for _ in range(args.repeat):
+        for policy, n, sync in rows:
+            r = measure_hit_rate(args, n, policy, sync)
+            hit_pct, sync_text = 100 * r["hit"], "yes" if sync else "no"
+            print(f"{policy:>12} {n:>7} {sync_text:>5} {hit_pct:7.1f} {r['rps']:7.2f} "
+                  f"{r['ttft']:13.0f} {r['failed']:>6}", flush=True)  # fmt: skip
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--workers", default="1,2,4", help="worker counts to compare")
-    p.add_argument("--backends", type=int, default=4, help="simulated engines")
+    p.add_argument("--backends", type=int, default=8, help="backends (default 8)")
     p.add_argument("--policy", default="prefix", help="router policy (default prefix)")
-    p.add_argument("--clients", type=int, default=2, help="load-generator processes")
-    p.add_argument("--concurrency", type=int, default=128, help="connections in all")
+    p.add_argument("--throughput-backend", choices=("minimal", "instant"), default="minimal")
+    p.add_argument("--client", choices=("wrk", "python"),
+                   default="wrk" if shutil.which("wrk") else "python",
+                   help="load generator (default wrk when installed)")  # fmt: skip
+    p.add_argument("--clients", type=int, default=2, help="Python client processes")
+    p.add_argument("--concurrency", type=int, default=64, help="connections in all")
     p.add_argument("--duration", type=float, default=8.0, help="seconds per throughput run")
     p.add_argument("--hit-profile", default="codellama-13b-a100-40g", help="engine profile")
+    p.add_argument("--hit-mode", choices=("approximate", "exact"), default="approximate")
     p.add_argument("--speedup", type=float, default=20.0, help="engine time speedup")
     p.add_argument("--hit-requests", type=int, default=300, help="requests per hit-rate run")
     p.add_argument("--hit-concurrency", type=int, default=30, help="ranvier-stress users")
@@ -249,43 +406,17 @@ def main() -> None:
     p.add_argument("--skip-throughput", action="store_true")
     p.add_argument("--skip-hit-rate", action="store_true")
     p.add_argument("--skip-no-sync", action="store_true", help="no --no-worker-sync rows")
-    p.add_argument("--repeat", type=int, default=1, help="run each configuration this often")
+    p.add_argument("--repeat", type=int, default=3, help="rounds of each configuration")
     args = p.parse_args()
-    # SIGTERM unwinds like Ctrl-C, so the sims and routers started here are stopped
+    # SIGTERM unwinds like Ctrl-C, so the processes started here are stopped
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     counts = [int(x) for x in args.workers.split(",")]
-    print(f"{os.cpu_count()} CPUs shared by clients, router workers and backends")
+    print(f"{os.cpu_count()} CPUs shared by clients, router workers and backends; "
+          f"load average {os.getloadavg()[0]:.2f} at the start")  # fmt: skip
     if not args.skip_throughput:
-        print(f"\nthroughput: {args.backends} instant backends, policy {args.policy}, "
-              f"{args.clients} client processes x {args.concurrency // args.clients} "
-              f"connections, {args.duration:g} s, max_tokens 1, non-streaming")  # fmt: skip
-        print(f"{'workers':>7} {'sync':>5} {'req/s':>9} {'p50 ms':>8} {'router CPU us/req':>18}")
-        rows = [(n, True) for n in counts]
-        rows += [(n, False) for n in counts if n > 1 and not args.skip_no_sync]
-        with sim_fleet(args.backends, "instant", 1.0) as urls:
-            for _ in range(args.repeat):
-                for n, sync in rows:
-                    with router(urls, n, args.policy, sync) as (url, pid):
-                        rps, p50, cpu = measure_throughput(
-                            url, pid, args.clients, args.concurrency, args.duration
-                        )
-                    sync_text = "yes" if sync else "no"
-                    print(f"{n:>7} {sync_text:>5} {rps:9.0f} {p50:8.2f} {cpu:18.0f}", flush=True)
+        run_throughput(args, counts)
     if not args.skip_hit_rate:
-        print(f"\nhit rate: ranvier-stress, {args.backends} x {args.hit_profile} (speedup "
-              f"{args.speedup:g}), {args.hit_requests} requests, {args.hit_concurrency} users, "
-              f"think {args.think_time} s, seed {args.seed}; engine-measured (tokens)")  # fmt: skip
-        print(f"{'policy':>12} {'workers':>7} {'sync':>5} {'hit %':>7} {'req/s':>7} "
-              f"{'mean TTFT ms':>13} {'failed':>6}")  # fmt: skip
-        rows = [(args.policy, n, True) for n in counts]
-        rows += [(args.policy, n, False) for n in counts if n > 1 and not args.skip_no_sync]
-        rows += [("round_robin", 1, True)]
-        for _ in range(args.repeat):
-            for policy, n, sync in rows:
-                r = measure_hit_rate(args, n, policy, sync)
-                hit_pct, sync_text = 100 * r["hit"], "yes" if sync else "no"
-                print(f"{policy:>12} {n:>7} {sync_text:>5} {hit_pct:7.1f} {r['rps']:7.2f} "
-                      f"{r['ttft']:13.0f} {r['failed']:>6}", flush=True)  # fmt: skip
+        run_hit_rate(args, counts)
 
 
 if __name__ == "__main__":
