@@ -185,3 +185,52 @@ def test_every_policy_survives_a_mixed_story(name):
         fleet.finish(t, 1.0, ok=True)
     fleet.check_invariants()
     assert all(s.in_flight_requests == 0 for s in fleet.backend_states())
+
+
+class _Recorder:
+    """A FleetListener that writes down what it hears."""
+
+    def __init__(self) -> None:
+        self.heard: list[tuple[object, ...]] = []
+
+    def on_dispatch(self, ticket, decision, req, now) -> None:  # type: ignore[no-untyped-def]
+        self.heard.append(("dispatch", ticket.ticket_id, decision.backend, req.request_id))
+
+    def on_first_token(self, ticket, now, cached_tokens) -> None:  # type: ignore[no-untyped-def]
+        self.heard.append(("first", ticket.ticket_id, cached_tokens))
+
+    def on_cached_tokens(self, ticket, cached_tokens) -> None:  # type: ignore[no-untyped-def]
+        self.heard.append(("cached", ticket.ticket_id, cached_tokens))
+
+    def on_finish(self, ticket, now, ok) -> None:  # type: ignore[no-untyped-def]
+        self.heard.append(("finish", ticket.ticket_id, ok))
+
+
+def test_listeners_hear_each_change_once() -> None:
+    """Repeated first tokens, reports and finishes change nothing, so nobody hears them."""
+    fleet = make_fleet()
+    recorder = _Recorder()
+    fleet.listeners.append(recorder)
+    decision, ticket = serve(fleet, req("a", chain((1, 4))))
+    fleet.on_first_token(ticket, 0.1, 32)
+    fleet.on_first_token(ticket, 0.2, 48)
+    fleet.record_cached_tokens(ticket, 16)
+    fleet.finish(ticket, 0.3, True)
+    fleet.finish(ticket, 0.4, False)
+    _, second = serve(fleet, req("b", chain((2, 4))), 1.0)
+    fleet.on_first_token(second, 1.1)
+    fleet.record_cached_tokens(second, 0)
+    fleet.record_cached_tokens(second, 16)
+    fleet.finish(second, 1.2, False)
+    t1, t2 = ticket.ticket_id, second.ticket_id
+    assert recorder.heard == [
+        ("dispatch", t1, decision.backend, "a"),
+        ("first", t1, 32),
+        ("finish", t1, True),
+        ("dispatch", t2, second.url, "b"),
+        ("first", t2, None),
+        ("cached", t2, 0),
+        ("finish", t2, False),
+    ]
+    assert ticket.reported_cached_tokens == 32
+    fleet.check_invariants()

@@ -18,6 +18,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from random import Random
+from typing import Protocol
 
 import xxhash
 
@@ -39,6 +40,28 @@ _WILD = "\x00wild"  # group of backends whose model list is unknown (serve any m
 
 
 MIN_OWN_RATE_SAMPLES = 3  # first tokens a backend needs before its own rate is used
+
+
+class FleetListener(Protocol):
+    """Told of each request-path call that changed the Fleet, once per ticket and kind.
+
+    Lets another process mirror this Fleet (router/worker_sync.py) without the Fleet
+    knowing how. Called synchronously, after the change; must not raise.
+    """
+
+    def on_dispatch(
+        self, ticket: Ticket, decision: Decision, req: RouteRequest, now: float
+    ) -> None:
+        """``dispatch`` created ``ticket``."""
+
+    def on_first_token(self, ticket: Ticket, now: float, cached_tokens: int | None) -> None:
+        """``ticket``'s first token (with the engine-reported cached tokens, when known)."""
+
+    def on_cached_tokens(self, ticket: Ticket, cached_tokens: int) -> None:
+        """The engine reported ``ticket``'s cached tokens after its first token."""
+
+    def on_finish(self, ticket: Ticket, now: float, ok: bool) -> None:
+        """``ticket`` ended."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,6 +274,7 @@ class Fleet:
         # that has not served enough requests to have its own (else a backend that starts
         # at a pessimistic prior looks slow, is never chosen, and never learns otherwise).
         self.fleet_rate = PrefillRate(self.config.cost)
+        self.listeners: list[FleetListener] = []  # told of request-path changes
 
     # -- membership --------------------------------------------------------------------
 
@@ -430,6 +454,8 @@ class Fleet:
             self.index.insert(b.url, req.block_hashes)
         self._reorder(b)
         self.policy.on_routed(decision, req, now)
+        for listener in self.listeners:
+            listener.on_dispatch(ticket, decision, req, now)
         return ticket
 
     def predicted_cached_tokens(self, url: str, req: RouteRequest) -> int:
@@ -444,13 +470,15 @@ class Fleet:
         if ticket.is_finished or ticket.first_token_at_s is not None:
             return
         ticket.first_token_at_s = now
+        for listener in self.listeners:
+            listener.on_first_token(ticket, now, cached_tokens)
         b = self._live(ticket)
         if b is None:
             return
         b.load.release_prefill(ticket)
         cached = ticket.predicted_cached_tokens
         if cached_tokens is not None:
-            self.record_cached_tokens(ticket, cached_tokens)
+            self._record_cached_tokens(b, ticket, cached_tokens)
             cached = ticket.reported_cached_tokens or 0
         uncached = max(0, ticket.num_prompt_tokens - cached)
         work = ticket.queued_ahead_tokens + work_tokens(uncached, cached, self.config.cost)
@@ -473,6 +501,13 @@ class Fleet:
         b = self._live(ticket)
         if b is None or ticket.reported_cached_tokens is not None:
             return
+        self._record_cached_tokens(b, ticket, cached_tokens)
+        for listener in self.listeners:
+            listener.on_cached_tokens(ticket, cached_tokens)
+
+    def _record_cached_tokens(self, b: _Backend, ticket: Ticket, cached_tokens: int) -> None:
+        if ticket.reported_cached_tokens is not None:
+            return
         cached = max(0, min(int(cached_tokens), ticket.num_prompt_tokens))
         ticket.reported_cached_tokens = cached
         r = b.reported
@@ -488,6 +523,8 @@ class Fleet:
             return
         ticket.is_finished = True
         ticket.ok = ok
+        for listener in self.listeners:
+            listener.on_finish(ticket, now, ok)
         if not ok:
             self.sync.withdraw(ticket.ticket_id)  # the engine will not cache its blocks
         b = self._live(ticket)

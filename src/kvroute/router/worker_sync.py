@@ -79,7 +79,8 @@ class _Peer:
 
 
 class FleetBus:
-    """Publishes this worker's Fleet calls; replays its peers' on the Fleet with shadows.
+    """Publishes this worker's Fleet changes (as a FleetListener); replays its peers' on
+    the Fleet with shadow tickets.
 
     Invariant: every unfinished shadow ticket belongs to a peer in ``peers``; a peer's
     shadows are finished when it finishes them, dies (silent) or restarts (new pid).
@@ -93,11 +94,7 @@ class FleetBus:
         self.num_sent = 0
         self.num_applied = 0
         self._outbox: list[tuple[Any, ...]] = []  # messages waiting for _flush
-        # the Fleet's own methods: shadows are replayed through these, never republished
-        self._dispatch = fleet.dispatch
-        self._on_first_token = fleet.on_first_token
-        self._record_cached_tokens = fleet.record_cached_tokens
-        self._finish = fleet.finish
+        self._replaying = False  # applying peers' calls: the Fleet's notices are not ours
         self.pub = context.socket(zmq.PUB)
         self.pub.setsockopt(zmq.LINGER, 0)
         self.pub.setsockopt(zmq.SNDHWM, 100_000)
@@ -110,35 +107,31 @@ class FleetBus:
             if peer != spec.index:
                 self.sub.connect(spec.endpoint(peer))
 
-    # -- this worker's calls: run them, then tell the peers ----------------------------
+    # -- this worker's calls (FleetListener): tell the peers -----------------------------
 
     def install(self) -> None:
-        """Route the Fleet's request-path calls through this bus (no hook exists in core)."""
-        f: Any = self.fleet
-        f.dispatch, f.on_first_token = self.dispatch, self.on_first_token
-        f.record_cached_tokens, f.finish = self.record_cached_tokens, self.finish
+        """Start mirroring: hear every request-path change the Fleet makes."""
+        self.fleet.listeners.append(self)
 
-    def dispatch(self, decision: Decision, req: RouteRequest, now: float) -> Ticket:
-        ticket = self._dispatch(decision, req, now)
-        self._send(_KIND_DISPATCH, ticket.ticket_id, ticket.url, decision.reason,
-                   req.request_id, req.model, list(req.block_hashes), req.num_prompt_tokens,
-                   req.max_tokens, now)  # fmt: skip
-        return ticket
+    def on_dispatch(
+        self, ticket: Ticket, decision: Decision, req: RouteRequest, now: float
+    ) -> None:
+        if not self._replaying:
+            self._send(_KIND_DISPATCH, ticket.ticket_id, ticket.url, decision.reason,
+                       req.request_id, req.model, list(req.block_hashes),
+                       req.num_prompt_tokens, req.max_tokens, now)  # fmt: skip
 
-    def on_first_token(self, ticket: Ticket, now: float, cached_tokens: int | None = None) -> None:
-        if not ticket.is_finished and ticket.first_token_at_s is None:
+    def on_first_token(self, ticket: Ticket, now: float, cached_tokens: int | None) -> None:
+        if not self._replaying:
             self._send(_KIND_FIRST_TOKEN, ticket.ticket_id, now, cached_tokens)
-        self._on_first_token(ticket, now, cached_tokens)
 
-    def record_cached_tokens(self, ticket: Ticket, cached_tokens: int) -> None:
-        if ticket.reported_cached_tokens is None:
+    def on_cached_tokens(self, ticket: Ticket, cached_tokens: int) -> None:
+        if not self._replaying:
             self._send(_KIND_CACHED, ticket.ticket_id, int(cached_tokens))
-        self._record_cached_tokens(ticket, cached_tokens)
 
-    def finish(self, ticket: Ticket, now: float, ok: bool) -> None:
-        if not ticket.is_finished:
+    def on_finish(self, ticket: Ticket, now: float, ok: bool) -> None:
+        if not self._replaying:
             self._send(_KIND_FINISH, ticket.ticket_id, now, bool(ok))
-        self._finish(ticket, now, ok)
 
     def _send(self, kind: int, *fields: Any) -> None:
         """Queue one message; the messages of one loop iteration leave as one frame."""
@@ -157,12 +150,15 @@ class FleetBus:
 
     def apply(self, payload: bytes, now_s: float) -> None:
         """Replay one frame of peer messages on our Fleet (bad ones are dropped)."""
+        self._replaying = True
         try:
             batch = _decode(payload)
             for kind, origin, pid, *rest in batch:
                 self._apply(int(kind), self._peer(int(origin), int(pid), now_s), rest)
         except (msgspec.DecodeError, ValueError, TypeError, KeyError) as exc:
             log.warning("dropped worker messages: %s: %s", type(exc).__name__, exc)
+        finally:
+            self._replaying = False
 
     def _peer(self, origin: int, pid: int, now_s: float) -> _Peer:
         peer = self.peers.get(origin)
@@ -179,22 +175,24 @@ class FleetBus:
             ticket_id, url, reason, request_id, model, hashes, prompt, max_tokens, now = rest
             req = RouteRequest(request_id, model, hashes, prompt, max_tokens)
             try:
-                peer.shadows[ticket_id] = self._dispatch(Decision(url, reason, 0, (url,)), req, now)
+                peer.shadows[ticket_id] = self.fleet.dispatch(
+                    Decision(url, reason, 0, (url,)), req, now
+                )
             except ValueError:
                 return  # a backend this worker lacks (added through another's admin API)
         elif kind == _KIND_FIRST_TOKEN:
             ticket_id, now, cached = rest
             if ticket_id in peer.shadows:
-                self._on_first_token(peer.shadows[ticket_id], now, cached)
+                self.fleet.on_first_token(peer.shadows[ticket_id], now, cached)
         elif kind == _KIND_CACHED:
             ticket_id, cached = rest
             if ticket_id in peer.shadows:
-                self._record_cached_tokens(peer.shadows[ticket_id], cached)
+                self.fleet.record_cached_tokens(peer.shadows[ticket_id], cached)
         elif kind == _KIND_FINISH:
             ticket_id, now, ok = rest
             shadow = peer.shadows.pop(ticket_id, None)
             if shadow is not None:
-                self._finish(shadow, now, ok)
+                self.fleet.finish(shadow, now, ok)
         elif kind != _KIND_HEARTBEAT:
             raise ValueError(f"unknown message kind {kind}")
         self.num_applied += 1
@@ -206,8 +204,12 @@ class FleetBus:
             return
         if peer.shadows:
             log.warning("worker %d gone: releasing %d of its requests", origin, len(peer.shadows))
-        for shadow in peer.shadows.values():
-            self._finish(shadow, now_s, False)
+        self._replaying = True
+        try:
+            for shadow in peer.shadows.values():
+                self.fleet.finish(shadow, now_s, False)
+        finally:
+            self._replaying = False
 
     def expire_silent_peers(self, now_s: float) -> None:
         for origin, peer in list(self.peers.items()):
