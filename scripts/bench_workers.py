@@ -13,7 +13,8 @@ Two measurements per worker count (default 1, 2, 4), each with fresh router proc
 - hit rate: a fresh ``kvroute sim`` fleet of ``--hit-profile`` engines (speeded up),
   the router (prefix policy) with N workers, and ``kvroute bench --workload
   ranvier-stress --backend-metrics ...``; prints the engines' own prefix-cache hit rate
-  (delta hits / delta queries, tokens), request throughput and mean TTFT. ``--hit-mode
+  over the measured requests, after ``--hit-warmup`` ones (delta hits / delta queries,
+  tokens), request throughput and mean TTFT. ``--hit-mode
   exact`` makes the fleet publish KV events and every worker subscribe to them. Rows
   with ``--no-worker-sync`` show the workers without decision sharing, and a
   round_robin row with 1 worker shows what placement without locality scores.
@@ -352,7 +353,7 @@ def measure_hit_rate(
     ):
         cmd = [*KVROUTE, "bench", "--target", url, "--workload", "ranvier-stress",
                "--concurrency", str(args.hit_concurrency), "--think-time", args.think_time,
-               "--num-requests", str(args.hit_requests), "--num-warmup", "0",
+               "--num-requests", str(args.hit_requests), "--num-warmup", str(args.hit_warmup),
                "--seed", str(args.seed), "--backend-metrics", *urls, "--out", out,
                "--no-plots", "--quiet", "--router", f"{policy}x{workers}"]  # fmt: skip
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
@@ -368,7 +369,8 @@ def measure_hit_rate(
 
 def run_hit_rate(args: argparse.Namespace, counts: list[int]) -> None:
     print(f"\nhit rate: ranvier-stress, {args.backends} x {args.hit_profile} (speedup "
-          f"{args.speedup:g}), {args.hit_mode} mode, {args.hit_requests} requests, "
+          f"{args.speedup:g}), {args.hit_mode} mode, {args.hit_warmup} warm-up + "
+          f"{args.hit_requests} measured requests, "
           f"{args.hit_concurrency} users, think {args.think_time} s, seed {args.seed}; "
           "engine-measured (tokens)")  # fmt: skip
     print(f"{'policy':>12} {'workers':>7} {'sync':>5} {'hit %':>7} {'req/s':>7} "
@@ -400,6 +402,8 @@ def main() -> None:
     p.add_argument("--hit-mode", choices=("approximate", "exact"), default="approximate")
     p.add_argument("--speedup", type=float, default=20.0, help="engine time speedup")
     p.add_argument("--hit-requests", type=int, default=300, help="requests per hit-rate run")
+    p.add_argument("--hit-warmup", type=int, default=60,
+                   help="requests before the measured ones (the engines warm up)")  # fmt: skip
     p.add_argument("--hit-concurrency", type=int, default=30, help="ranvier-stress users")
     p.add_argument("--think-time", default="0.1,0.4", help="users' think time A,B s")
     p.add_argument("--seed", type=int, default=0)

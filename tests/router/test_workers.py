@@ -165,8 +165,32 @@ def all_gone(pids: set[int], timeout_s: float = 5.0) -> bool:
         time.sleep(0.1)
 
 
+def wait_for_the_bus(port: int, timeout_s: float = 20.0) -> None:
+    """Until a placement made by one worker is known to the other.
+
+    The workers' ZMQ sockets connect in the background after startup (and a loaded
+    machine can delay that); each probe uses a new prefix so failed probes leave nothing
+    behind that the real check could trip on.
+    """
+    deadline = time.monotonic() + timeout_s
+    k = 0
+    while time.monotonic() < deadline:
+        k += 1
+        probe = f"Probe {k} about lighthouses and foghorns. " * 30
+        _, first_worker, backend, _ = complete(port, probe + "first")
+        for j in range(16):  # fresh connections until one reaches the other worker
+            _, worker, got, decision = complete(port, probe + f"again {j}")
+            if worker.split(":")[0] != first_worker.split(":")[0]:
+                if (got, decision) == (backend, "prefix"):
+                    return
+                break
+        time.sleep(0.2)
+    raise AssertionError(f"the workers did not share placements within {timeout_s} s")
+
+
 def assert_workers_share_a_prefix(port: int) -> None:
     """A long prefix first routed by one worker is a "prefix" hit at the other one too."""
+    wait_for_the_bus(port)
     prompt = "Shared system prompt about tides and harbours. " * 30
     _, first_worker, backend, _ = complete(port, prompt + "first")
     time.sleep(0.3)  # the other worker hears of the dispatch over the bus
