@@ -65,11 +65,31 @@ def test_speculation_is_confirmed_by_a_store_and_then_survives_withdrawal():
     ids = tokens((3, 3))
     keys = router_keys(ids)
     m = EventCacheModel(100)
-    assert m.speculate(keys) == keys
+    assert m.speculate(keys, 7) == keys
     assert m.num_speculative == 3
     assert m.store(*_fields(stored(ids, 0, 2))) == []  # already visible, now confirmed
-    assert m.unspeculate(keys) == [keys[2]]  # only the unconfirmed block goes
+    assert m.unspeculate(keys, 7) == [keys[2]]  # only the unconfirmed block goes
     assert set(m.blocks()) == set(keys[:2])
+    m.check_invariants()
+
+
+def test_withdrawing_one_speculation_keeps_anothers():
+    """Request 1 speculates while its blocks are confirmed; they are evicted; request 2
+    speculates them again: request 1's expiry must not take back request 2's credit."""
+    ids = tokens((4, 2))
+    keys = router_keys(ids)
+    m = EventCacheModel(100)
+    event = stored(ids)
+    m.store(*_fields(event))
+    assert m.speculate(keys, 1) == []  # held already: nothing new
+    assert sorted(m.remove(event.block_hashes)) == sorted(keys)
+    assert m.speculate(keys, 2) == keys
+    assert m.speculate(keys, 3) == []  # a third request with the same prompt
+    assert m.unspeculate(keys, 1) == []
+    assert m.unspeculate(keys, 2) == []  # request 3 still pending
+    assert set(m.blocks()) == set(keys)
+    assert sorted(m.unspeculate(keys, 3)) == sorted(keys)
+    assert len(m) == 0
     m.check_invariants()
 
 

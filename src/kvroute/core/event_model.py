@@ -54,7 +54,9 @@ class EventCacheModel(CacheModel):
         self._engine_to_key: dict[int, int] = {}  # engine hash of a held block -> router key
         self._retired: OrderedDict[int, int] = OrderedDict()  # removed engine hash -> key
         self._confirmed: dict[int, int] = {}  # router key -> engine blocks holding it
-        self._speculative: dict[int, int] = {}  # router key -> pending speculations
+        # router key -> tokens (one per request) of its pending speculations
+        self._speculative: dict[int, set[int]] = {}
+        self._next_anonymous = -1  # tokens of speculations made without one
         self._parent: dict[int, int] = {}  # present key -> parent key (ROOT_SEED at root)
         self._children: dict[int, set[int]] = {}  # key -> its present children
         self.visible: set[int] = set()  # present keys with a present chain to the root
@@ -164,30 +166,40 @@ class EventCacheModel(CacheModel):
 
     # -- speculation -----------------------------------------------------------------------
 
-    def speculate(self, block_hashes: Sequence[int]) -> list[int]:
-        """Credit a dispatched prompt's chain (router keys, root first); returns new keys."""
+    def speculate(self, block_hashes: Sequence[int], token: int | None = None) -> list[int]:
+        """Credit a dispatched prompt's chain (router keys, root first); returns new keys.
+
+        ``token`` names this speculation (a ticket id) for ``unspeculate``: a key holds
+        the tokens of every pending speculation, so withdrawing one request never takes
+        back another's, even after the key was confirmed, evicted and speculated again.
+        """
+        if token is None:
+            token = self._next_anonymous
+            self._next_anonymous -= 1
         added: list[int] = []
         parent = ROOT_SEED
         for key in block_hashes:
             if key in self._confirmed:
                 parent = key
                 continue
-            count = self._speculative.get(key, 0)
-            self._speculative[key] = count + 1
-            if count == 0:
+            tokens = self._speculative.get(key)
+            if tokens is None:
+                self._speculative[key] = {token}
                 self._make_present(key, parent, added)
+            else:
+                tokens.add(token)
             parent = key
         return added
 
-    def unspeculate(self, block_hashes: Iterable[int]) -> list[int]:
-        """Withdraw one speculation per key (expired or failed); returns keys now gone."""
+    def unspeculate(self, block_hashes: Iterable[int], token: int) -> list[int]:
+        """Withdraw speculation ``token`` (expired or failed); returns keys now gone."""
         removed: list[int] = []
         for key in block_hashes:
-            count = self._speculative.get(key)
-            if count is None:
-                continue  # confirmed meanwhile, or withdrawn by a clear
-            if count > 1:
-                self._speculative[key] = count - 1
+            tokens = self._speculative.get(key)
+            if tokens is None or token not in tokens:
+                continue  # confirmed meanwhile, withdrawn by a clear, or not ours
+            tokens.discard(token)
+            if tokens:
                 continue
             del self._speculative[key]
             if key not in self._confirmed:

@@ -193,7 +193,7 @@ class ExactSync:
             return False
         if self.speculative_ttl_s <= 0 or not keys:
             return True
-        self.index.apply(url, model.speculate(keys), ())
+        self.index.apply(url, model.speculate(keys, ticket_id), ())
         self._ticket_to_spec[ticket_id] = _Speculation(url, model, keys)
         self._queue.append((now + self.speculative_ttl_s, ticket_id))
         return True
@@ -203,7 +203,7 @@ class ExactSync:
         spec = self._ticket_to_spec.pop(ticket_id, None)
         if spec is None or self.index.url_to_model.get(spec.url) is not spec.model:
             return
-        self.index.apply(spec.url, (), spec.model.unspeculate(spec.keys))
+        self.index.apply(spec.url, (), spec.model.unspeculate(spec.keys, ticket_id))
 
     def expire(self, now: float) -> None:
         """Withdraw speculations whose TTL has passed (O(1) when none is due)."""
