@@ -35,15 +35,23 @@ from aiohttp import web
 BODY = (b'{"id":"cmpl-1","object":"text_completion","created":0,"model":"m",'
         b'"choices":[{"index":0,"text":" ok","finish_reason":"length"}],'
         b'"usage":{"prompt_tokens":8,"completion_tokens":1,"total_tokens":9}}')
+CHAT = (b'{"id":"chatcmpl-1","object":"chat.completion","created":0,"model":"m",'
+        b'"choices":[{"index":0,"message":{"role":"assistant","content":"ok"},'
+        b'"finish_reason":"length"}],'
+        b'"usage":{"prompt_tokens":8,"completion_tokens":1,"total_tokens":9}}')
 async def completions(request):
     await request.read()
     return web.Response(body=BODY, content_type="application/json")
+async def chat(request):
+    await request.read()
+    return web.Response(body=CHAT, content_type="application/json")
 async def models(request):
     return web.json_response({"object": "list", "data": [{"id": "m", "object": "model"}]})
 async def health(request):
     return web.Response()
 app = web.Application()
 app.router.add_post("/v1/completions", completions)
+app.router.add_post("/v1/chat/completions", chat)
 app.router.add_get("/v1/models", models)
 app.router.add_get("/health", health)
 try:

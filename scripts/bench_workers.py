@@ -7,17 +7,19 @@ Two measurements per worker count (default 1, 2, 4), each with fresh router proc
   ``kvroute sim --profile instant``, which costs about as much CPU per request as the
   router), the router with N workers in front, and wrk (C, one thread; or, without wrk,
   ``--clients`` Python client processes) with ``--concurrency`` keep-alive connections
-  sending short non-streaming completions over 64 different prompts for ``--duration``
-  seconds. The worker counts are interleaved ``--repeat`` times (the machine is shared
-  and noisy) and the summary gives the median req/s per count and its ratio to 1 worker.
+  sending non-streaming requests with ``max_tokens`` 1 for ``--duration`` seconds: the
+  first 256 requests of ``--throughput-workload`` (default ranvier-stress, the hit-rate
+  workload: chat, 3,400 prompt tokens on average), or 64 short completions ("short").
+  The worker counts are interleaved ``--repeat`` times (the machine is shared and noisy)
+  and the summary gives the median req/s per count and its ratio to 1 worker.
 - hit rate: a fresh ``kvroute sim`` fleet of ``--hit-profile`` engines (speeded up),
   the router (prefix policy) with N workers, and ``kvroute bench --workload
   ranvier-stress --backend-metrics ...``; prints the engines' own prefix-cache hit rate
   over the measured requests, after ``--hit-warmup`` ones (delta hits / delta queries,
-  tokens), request throughput and mean TTFT. ``--hit-mode
-  exact`` makes the fleet publish KV events and every worker subscribe to them. Rows
-  with ``--no-worker-sync`` show the workers without decision sharing, and a
-  round_robin row with 1 worker shows what placement without locality scores.
+  tokens), request throughput and mean TTFT. ``--hit-mode exact`` makes the fleet
+  publish KV events and every worker subscribe to them. Rows with ``--no-worker-sync``
+  show the workers without decision sharing, and a round_robin row with 1 worker shows
+  what placement without locality scores.
 
 Each worker has its own index, fed by its own dispatches and (unless --no-worker-sync)
 by its peers' (router/worker_sync.py), and in exact mode by the engines' events. The
@@ -33,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import multiprocessing
 import os
@@ -56,9 +59,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_overhead import MINIMAL_BACKEND
 
 from kvroute.bench.procs import free_port, free_port_range
+from kvroute.bench.workloads import make_workload
 
 KVROUTE = [sys.executable, "-m", "kvroute.cli"]
 PROMPTS = [f"Conversation {k}: the quick brown fox jumps. " * 4 for k in range(64)]
+PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+
+
+def request_bodies(workload: str, model: str, count: int = 256) -> list[tuple[str, bytes]]:
+    """(path, JSON body) of the throughput runs: ``count`` requests of ``workload``, or 64
+    short completions ("short"); non-streaming, max_tokens 1."""
+    if workload == "short":
+        return [
+            ("/v1/completions", json.dumps({"model": model, "prompt": p, "max_tokens": 1}).encode())
+            for p in PROMPTS
+        ]
+    out = []
+    for spec in itertools.islice(make_workload(workload, seed=0).requests(), count):
+        body = spec.body(model, stream=False)
+        body["max_tokens"] = 1
+        out.append((PATHS[spec.endpoint], json.dumps(body).encode()))
+    return out
 
 
 @contextlib.contextmanager
@@ -166,9 +187,8 @@ def cpu_seconds_tree(pid: int) -> float:
 # ------------------------------------------------------------------ throughput
 
 
-def _request_bytes(host: str, prompt: str, model: str) -> bytes:
-    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": 1}).encode()
-    head = (f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\n"
+def _request_bytes(host: str, path: str, body: bytes) -> bytes:
+    head = (f"POST {path} HTTP/1.1\r\nHost: {host}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n")  # fmt: skip
     return head.encode() + body
 
@@ -186,7 +206,7 @@ async def _read_body(reader: asyncio.StreamReader, head: bytes) -> bytes:
 
 
 async def _client(
-    url: str, connections: int, duration_s: float, seed: int, model: str
+    url: str, connections: int, duration_s: float, seed: int, bodies: list[tuple[str, bytes]]
 ) -> tuple[list[float], float]:
     """(latencies ms of 200 answers, elapsed s): ``connections`` keep-alive loops.
 
@@ -195,7 +215,7 @@ async def _client(
     """
     hostport = url.split("//", 1)[1]
     host, port = hostport.rsplit(":", 1)
-    requests = [_request_bytes(hostport, prompt, model) for prompt in PROMPTS]
+    requests = [_request_bytes(hostport, path, body) for path, body in bodies]
     lat: list[float] = []
     t0 = time.perf_counter()
     stop_at = t0 + duration_s
@@ -219,7 +239,7 @@ async def _client(
 
 
 def _client_process(
-    url: str, connections: int, duration_s: float, seed: int, model: str, out: Any
+    url: str, connections: int, duration_s: float, seed: int, bodies: list[Any], out: Any
 ) -> None:
     try:
         import uvloop
@@ -227,19 +247,19 @@ def _client_process(
         uvloop.install()
     except ImportError:
         pass
-    out.put(asyncio.run(_client(url, connections, duration_s, seed, model)))
+    out.put(asyncio.run(_client(url, connections, duration_s, seed, bodies)))
 
 
 def measure_throughput(
-    url: str, router_pid: int, args: argparse.Namespace, model: str
+    url: str, router_pid: int, args: argparse.Namespace, bodies: list[tuple[str, bytes]]
 ) -> tuple[float, float, float]:
     """(req/s, p50 ms, router CPU us per request): wrk if installed, else Python clients."""
-    asyncio.run(_client(url, 8, 1.0, 99, model))  # warm-up: pools, first-use imports
+    asyncio.run(_client(url, 8, 1.0, 99, bodies))  # warm-up: pools, first-use imports
     cpu0 = cpu_seconds_tree(router_pid)
     if args.client == "wrk":
-        rps, p50, count = _wrk(url, args.concurrency, args.duration, model)
+        rps, p50, count = _wrk(url, args.concurrency, args.duration, bodies)
     else:
-        rps, p50, count = _python_clients(url, args, model)
+        rps, p50, count = _python_clients(url, args, bodies)
     cpu1 = cpu_seconds_tree(router_pid)
     return rps, p50, (cpu1 - cpu0) / max(1, count) * 1e6
 
@@ -247,11 +267,13 @@ def measure_throughput(
 WRK_SCRIPT = """
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
+paths = {%s}
 bodies = {%s}
 i = 0
 request = function()
   i = i + 1
-  return wrk.format(nil, nil, nil, bodies[(i %% #bodies) + 1])
+  local k = (i %% #bodies) + 1
+  return wrk.format(nil, paths[k], nil, bodies[k])
 end
 done = function(summary, latency, requests)
   io.write(string.format("KVROUTE %%d %%d %%f\\n", summary.requests,
@@ -261,15 +283,15 @@ end
 """
 
 
-def _wrk(url: str, connections: int, duration_s: float, model: str) -> tuple[float, float, int]:
-    bodies = ",".join(
-        "[[" + json.dumps({"model": model, "prompt": p, "max_tokens": 1}) + "]]" for p in PROMPTS
-    )
+def _wrk(
+    url: str, connections: int, duration_s: float, bodies: list[tuple[str, bytes]]
+) -> tuple[float, float, int]:
+    paths = ",".join(f'"{path}"' for path, _ in bodies)
+    texts = ",".join(_lua_long_string(body.decode()) for _, body in bodies)
     with tempfile.NamedTemporaryFile("w", suffix=".lua") as script:
-        script.write(WRK_SCRIPT % bodies)
+        script.write(WRK_SCRIPT % (paths, texts))
         script.flush()
-        cmd = ["wrk", "-t1", f"-c{connections}", f"-d{duration_s:g}s", "-s", script.name,
-               url + "/v1/completions"]  # fmt: skip
+        cmd = ["wrk", "-t1", f"-c{connections}", f"-d{duration_s:g}s", "-s", script.name, url]
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     total, errors, p50 = re.search(r"KVROUTE (\d+) (\d+) ([\d.]+)", out).groups()  # type: ignore[union-attr]
     ok = int(total) - int(errors)
@@ -278,12 +300,22 @@ def _wrk(url: str, connections: int, duration_s: float, model: str) -> tuple[flo
     return ok / duration_s, float(p50), ok
 
 
-def _python_clients(url: str, args: argparse.Namespace, model: str) -> tuple[float, float, int]:
+def _lua_long_string(text: str) -> str:
+    """``text`` as a Lua long string literal ([==[ ... ]==] with a level it does not contain)."""
+    level = 0
+    while f"]{'=' * level}]" in text:
+        level += 1
+    return f"[{'=' * level}[{text}]{'=' * level}]"
+
+
+def _python_clients(
+    url: str, args: argparse.Namespace, bodies: list[tuple[str, bytes]]
+) -> tuple[float, float, int]:
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
     per = max(1, args.concurrency // args.clients)
     procs = [
-        ctx.Process(target=_client_process, args=(url, per, args.duration, c, model, out))
+        ctx.Process(target=_client_process, args=(url, per, args.duration, c, bodies, out))
         for c in range(args.clients)
     ]
     for p in procs:
@@ -315,7 +347,8 @@ def run_throughput(args: argparse.Namespace, counts: list[int]) -> None:
               f"{args.clients} Python client processes x {args.concurrency // args.clients}"
               " connections")  # fmt: skip
     print(f"\nthroughput: {args.backends} {args.throughput_backend} backends, policy "
-          f"{args.policy}, {client}, {args.duration:g} s per row, max_tokens 1, "
+          f"{args.policy}, {client}, {args.throughput_workload} requests with max_tokens 1, "
+          f"{args.duration:g} s per row, "
           f"non-streaming, {args.repeat} interleaved rounds")  # fmt: skip
     print(f"{'round':>5} {'workers':>7} {'sync':>5} {'req/s':>9} {'p50 ms':>8} "
           f"{'router CPU us/req':>18}")  # fmt: skip
@@ -323,10 +356,11 @@ def run_throughput(args: argparse.Namespace, counts: list[int]) -> None:
     rows += [(n, False) for n in counts if n > 1 and not args.skip_no_sync]
     results: dict[tuple[int, bool], list[float]] = {row: [] for row in rows}
     with throughput_fleet(args) as (urls, model):
+        bodies = request_bodies(args.throughput_workload, model)
         for k in range(args.repeat):
             for n, sync in rows:
                 with router(urls, n, args.policy, sync) as (url, pid):
-                    rps, p50, cpu = measure_throughput(url, pid, args, model)
+                    rps, p50, cpu = measure_throughput(url, pid, args, bodies)
                 results[n, sync].append(rps)
                 sync_text = "yes" if sync else "no"
                 print(f"{k + 1:>5} {n:>7} {sync_text:>5} {rps:9.0f} {p50:8.2f} {cpu:18.0f}",
@@ -392,6 +426,8 @@ def main() -> None:
     p.add_argument("--backends", type=int, default=8, help="backends (default 8)")
     p.add_argument("--policy", default="prefix", help="router policy (default prefix)")
     p.add_argument("--throughput-backend", choices=("minimal", "instant"), default="minimal")
+    p.add_argument("--throughput-workload", default="ranvier-stress",
+                   help='send its requests (or "short": 64 short prompts)')  # fmt: skip
     p.add_argument("--client", choices=("wrk", "python"),
                    default="wrk" if shutil.which("wrk") else "python",
                    help="load generator (default wrk when installed)")  # fmt: skip
