@@ -213,3 +213,41 @@ async def test_client_disconnect_before_first_byte_cancels_upstream(harness: Har
         if not b.state.num_active:
             break
     assert b.state.num_active == 0  # the backend saw the disconnect and stopped
+
+
+async def test_half_open_sends_one_trial_at_a_time(harness: Harness) -> None:
+    """A backend back from an open circuit gets one request until that one answers."""
+    clock = FakeClock()
+    good = await harness.backend("good")
+    bad = await harness.backend("bad")
+    bad.state.fail_status = 500
+    client = await harness.router(
+        [bad.url, good.url],
+        clock=clock,
+        breaker=BreakerConfig(failure_threshold=1, open_s=5.0, half_open_successes=1),
+    )
+    state = harness.state(client)
+    rt = state.backends.get(bad.url)
+    assert rt is not None
+    for _ in range(3):
+        assert (await client.post("/v1/completions", data=BODY)).status == 200
+    assert rt.breaker.state is CircuitState.OPEN
+    before = len(bad.state.requests)
+    clock.advance(6.0)
+    state.backends.refresh()
+    bad.state.fail_status = None
+    bad.state.stall_s = 0.3  # recovered, but slow: the trial stays in flight a while
+    statuses = await asyncio.gather(
+        *(_status(client.post("/v1/completions", data=BODY)) for _ in range(8))
+    )
+    assert statuses == [200] * 8
+    assert len(bad.state.requests) - before == 1, "one trial, the rest went elsewhere"
+    assert rt.breaker.state is CircuitState.CLOSED
+    assert not rt.breaker.trial_in_flight
+    assert all(s.in_flight_requests == 0 for s in state.fleet.backend_states())
+
+
+async def _status(request) -> int:  # type: ignore[no-untyped-def]
+    async with request as resp:
+        await resp.read()
+        return resp.status

@@ -149,6 +149,23 @@ class Backends:
                 rt.probe_ok = False
         self._sync(rt)
 
+    def begin_attempt(self, url: str) -> None:
+        """A request was sent to ``url``: a half-open circuit lets no other through now."""
+        rt = self._by_url.get(url)
+        if (
+            rt is not None
+            and rt.breaker.state is CircuitState.HALF_OPEN
+            and rt.breaker.begin_attempt()
+        ):
+            self._sync(rt)
+
+    def end_attempt(self, url: str) -> None:
+        """The attempt is over (verdict or not): a trial without one frees the circuit."""
+        rt = self._by_url.get(url)
+        if rt is not None and rt.breaker.trial_in_flight:
+            rt.breaker.end_attempt()
+            self._sync(rt)
+
     def record_success(self, url: str) -> None:
         rt = self._by_url.get(url)
         if rt is None or (rt.breaker.state is CircuitState.CLOSED and not rt.breaker.failures):

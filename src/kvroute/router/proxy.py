@@ -172,6 +172,7 @@ async def _forward(
         url = decision.backend
         tried.append(url)
         ticket = fleet.dispatch(decision, req, clock())
+        state.backends.begin_attempt(url)
         _count_prediction(state, decision.backend, ticket.predicted_cached_tokens, req)
         ok = False
         try:
@@ -193,6 +194,7 @@ async def _forward(
             ok = True  # the client went away; the backend did not fail
             raise
         finally:
+            state.backends.end_attempt(url)
             fleet.finish(ticket, clock(), ok)
     raise _final_error(state, req, tried, last)
 
