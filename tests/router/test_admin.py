@@ -51,11 +51,16 @@ async def test_admin_add_and_remove_backend(harness: Harness) -> None:
     assert dup.status == 400
     bad = await client.post("/admin/backends", json={"url": "ftp://x"}, headers=_admin())
     assert bad.status == 400
+    label = f'backend="{a.url}"'
+    assert label in await (await client.get("/metrics")).text()
     resp = await client.delete("/admin/backends", json={"url": a.url}, headers=_admin())
     assert resp.status == 200
     for _ in range(3):
         resp = await client.post("/v1/completions", data=BODY)
         assert resp.headers["x-kvroute-backend"] == b.url
+    text = await (await client.get("/metrics")).text()
+    assert label not in text, "a removed backend's series are dropped"
+    assert f'backend="{b.url}"' in text
     gone = await client.delete("/admin/backends", json={"url": a.url}, headers=_admin())
     assert gone.status == 404
 

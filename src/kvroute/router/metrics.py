@@ -7,6 +7,7 @@ backend registry only when ``/metrics`` is scraped, so they cost nothing per req
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -118,6 +119,27 @@ class RouterMetrics:
                 prompt_tokens=self.prompt_tokens.labels(backend),
             )
         return inst
+
+    def forget(self, backend: str) -> None:
+        """Drop every series labelled with ``backend`` (it was removed): a fleet whose
+        backends come and go (pods) must not grow the exposition without bound."""
+        self._backend_children.pop(backend, None)
+        for key in [k for k in self._request_children if k[1] == backend]:
+            del self._request_children[key]
+        for metric in (self.ttft, self.e2e, self.midstream_failures, self.predicted_cached,
+                       self.prompt_tokens):  # fmt: skip
+            with contextlib.suppress(KeyError):
+                metric.remove(backend)
+        for metric, names in ((self.requests, ("status", "backend", "reason")),
+                              (self.retries, ("backend", "cause"))):  # fmt: skip
+            series = {
+                tuple(sample.labels[n] for n in names)
+                for family in metric.collect()
+                for sample in family.samples
+                if sample.labels.get("backend") == backend
+            }
+            for values in series:
+                metric.remove(*values)
 
     def add_collector(self, collector: Collector) -> None:
         self.registry.register(collector)

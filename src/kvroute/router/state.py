@@ -55,10 +55,12 @@ class RouterState:
         return rt
 
     def remove_backend(self, url: str) -> BackendRuntime:
-        """Drop a backend: its KV feed, then registry and Fleet (KeyError if unknown)."""
+        """Drop a backend: registry and Fleet, its KV feed, its metric series (KeyError if
+        unknown)."""
         rt = self.backends.remove(url)
         if self.kv is not None:
             self.kv.remove_backend(url)
+        self.metrics.forget(url)
         return rt
 
     def spawn(self, coro: Any) -> asyncio.Task[Any]:
