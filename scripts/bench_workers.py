@@ -58,7 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_overhead import MINIMAL_BACKEND
 
-from kvroute.bench.procs import free_port, free_port_range
+from kvroute.bench.procs import free_port, free_port_range, sim_command
 from kvroute.bench.workloads import make_workload
 
 KVROUTE = [sys.executable, "-m", "kvroute.cli"]
@@ -117,11 +117,8 @@ def sim_fleet(
     n: int, profile: str, speedup: float, kv_events: bool = False
 ) -> Iterator[tuple[list[str], list[str]]]:
     """``kvroute sim``: (backend URLs, their KV-event endpoints or [])."""
-    cmd = [*KVROUTE, "sim", "--backends", str(n), "--profile", profile,
-           "--speedup", str(speedup), "--port-base", "0"]  # fmt: skip
-    if kv_events:
-        cmd += ["--kv-events", "--kv-port-base", str(free_port_range(n))]
-    with process(cmd) as (_, lines):
+    kv = ["--kv-events", "--kv-port-base", str(free_port_range(n))] if kv_events else []
+    with process(sim_command(n, 0, profile, speedup, kv)) as (_, lines):
         found = [wait_line(lines, rf"^backend {i}: ").split() for i in range(n)]
         urls = [words[2] for words in found]
         yield urls, [words[4] for words in found] if kv_events else []
