@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
@@ -19,6 +19,7 @@ from kvroute.engine.kv_events import AllBlocksCleared, BlockRemoved, encode_batc
 from kvroute.router.kv_subscriber import KvEventSubscriber
 from kvroute.sim.kv_publisher import KvEventPublisher
 from kvroute.sim.server import SimBackend, SimFleet, start_fleet
+from tests.conftest import until
 from tests.exact.helpers import BS, engine_hashes, router_keys, stored, tokens
 
 WORDS = ["alpha", "beta", "gamma", "delta", "omega", "sigma", "kappa"]
@@ -26,14 +27,6 @@ WORDS = ["alpha", "beta", "gamma", "delta", "omega", "sigma", "kappa"]
 
 def prompt(tag: str, num_words: int) -> str:
     return tag + " " + " ".join(f"{WORDS[i % 7]}{i % 5}" for i in range(num_words))
-
-
-async def until(cond: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    for _ in range(int(timeout_s / 0.01)):
-        if cond():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition not reached in time")
 
 
 def exact_router(urls: list[str], block_size: int = 16) -> Fleet:
@@ -53,10 +46,13 @@ async def sims() -> AsyncIterator[SimFleet]:
         await f.close()
 
 
-@pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as s:
-        yield s
+def subscriber_of(fleet: Fleet, sims: SimFleet) -> KvEventSubscriber:
+    """A subscriber to every engine of ``sims``, with their replay sockets."""
+    return KvEventSubscriber(
+        fleet,
+        dict(zip(sims.urls, sims.kv_endpoints, strict=True)),
+        {b.url: b.publisher.replay_endpoint for b in sims.backends},
+    )
 
 
 async def send(session: aiohttp.ClientSession, backend: SimBackend, body: dict) -> None:
@@ -97,11 +93,7 @@ def assert_view_matches_engine(fleet: Fleet, backend: SimBackend, prompts: list[
 
 async def test_view_equals_engine_block_sets_under_eviction_and_salts(sims, session):
     fleet = exact_router(sims.urls)
-    sub = KvEventSubscriber(
-        fleet,
-        dict(zip(sims.urls, sims.kv_endpoints, strict=True)),
-        {b.url: b.publisher.replay_endpoint for b in sims.backends},
-    )
+    sub = subscriber_of(fleet, sims)
     await sub.start()
     try:
         await until(lambda: all(fleet.is_exact(u) for u in sims.urls))  # empty history
@@ -132,11 +124,7 @@ async def test_a_late_router_rebuilds_the_view_by_replay(sims, session):
     for k, text in enumerate(texts):
         await send(session, sims.backends[k % 2], {"prompt": text, "max_tokens": 1})
     fleet = exact_router(sims.urls)
-    sub = KvEventSubscriber(
-        fleet,
-        dict(zip(sims.urls, sims.kv_endpoints, strict=True)),
-        {b.url: b.publisher.replay_endpoint for b in sims.backends},
-    )
+    sub = subscriber_of(fleet, sims)
     await sub.start()
     try:
         for b in sims.backends:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -15,19 +15,12 @@ from kvroute.router.app import make_app
 from kvroute.router.config import BackendConfig, with_kv_endpoints
 from kvroute.router.state import STATE, RouterState
 from kvroute.sim.server import SimBackend, SimFleet, start_fleet
+from tests.conftest import until
 from tests.router.conftest import FakeClock, assert_no_load, router_config
 
 ADMIN_KEY = "admin-key-123"
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 SHARED = "You are a careful assistant that answers in short sentences. " * 12
-
-
-async def until(cond: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    for _ in range(int(timeout_s / 0.01)):
-        if cond():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition not reached in time")
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
@@ -32,6 +32,7 @@ from kvroute.core.policy.base import RouteRequest
 from kvroute.router.app import build_fleet
 from kvroute.router.worker_sync import BusSpec, FleetBus
 from kvroute.router.workers import WORKER_HEADER, SupervisorConfig, reserve_port
+from tests.conftest import until
 
 KVROUTE = [sys.executable, "-m", "kvroute.cli"]
 
@@ -285,13 +286,6 @@ async def test_fleet_bus_replicates_a_peers_requests(tmp_path: Path) -> None:
 
     def in_flight(fleet: Fleet) -> dict[str, int]:
         return {s.url: s.in_flight_requests for s in fleet.backend_states()}
-
-    async def until(condition: Callable[[], bool]) -> None:
-        for _ in range(300):
-            if condition():
-                return
-            await asyncio.sleep(0.01)
-        raise AssertionError("condition not reached in 3 s")
 
     try:
         first = fleets[0].route(req, 0.0)

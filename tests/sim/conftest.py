@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-import aiohttp
 import pytest
 
 from kvroute.sim.server import SimFleet, start_fleet
@@ -26,9 +25,3 @@ async def fleet() -> AsyncIterator[SimFleet]:
             assert backend.engine.stats.kv_cache_usage == 0, "blocks leaked"
     finally:
         await f.close()
-
-
-@pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as s:
-        yield s
