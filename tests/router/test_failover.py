@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
+from aiohttp.test_utils import TestClient
 
+from kvroute.router.backends import BackendRuntime
 from kvroute.router.breaker import CircuitState
 from kvroute.router.config import BreakerConfig, TimeoutConfig
+from kvroute.router.state import RouterState
 from tests.router.conftest import FakeClock, Harness
+from tests.router.fake_backend import FakeBackend
 
 BODY = b'{"model": "m1", "prompt": "hello", "max_tokens": 4}'
 STREAM = b'{"model": "m1", "prompt": "hello", "stream": true}'
@@ -121,19 +127,34 @@ async def test_stream_idle_gap_timeout_ends_with_sse_error(harness: Harness) -> 
     assert b.state.num_aborted == 1  # the stalled upstream was cancelled
 
 
-async def test_circuit_opens_then_half_opens_then_closes(harness: Harness) -> None:
+@dataclass
+class _Tripping:
+    """A router in front of a failing backend ("bad") and a good one, on a fake clock."""
+
+    clock: FakeClock
+    client: TestClient[Any, Any]
+    state: RouterState
+    bad: FakeBackend
+    rt: BackendRuntime
+
+
+async def _tripping(harness: Harness, breaker: BreakerConfig) -> _Tripping:
     clock = FakeClock()
     good = await harness.backend("good")
     bad = await harness.backend("bad")
     bad.state.fail_status = 500
-    client = await harness.router(
-        [bad.url, good.url],
-        clock=clock,
-        breaker=BreakerConfig(failure_threshold=2, open_s=10.0, half_open_successes=1),
-    )
+    client = await harness.router([bad.url, good.url], clock=clock, breaker=breaker)
     state = harness.state(client)
     rt = state.backends.get(bad.url)
     assert rt is not None
+    return _Tripping(clock, client, state, bad, rt)
+
+
+async def test_circuit_opens_then_half_opens_then_closes(harness: Harness) -> None:
+    t = await _tripping(
+        harness, BreakerConfig(failure_threshold=2, open_s=10.0, half_open_successes=1)
+    )
+    client, state, bad, rt = t.client, t.state, t.bad, t.rt
     for _ in range(6):
         assert (await client.post("/v1/completions", data=BODY)).status == 200
     assert rt.breaker.state is CircuitState.OPEN
@@ -142,7 +163,7 @@ async def test_circuit_opens_then_half_opens_then_closes(harness: Harness) -> No
     for _ in range(4):
         await client.post("/v1/completions", data=BODY)
     assert len(bad.state.requests) == tried  # open: no traffic
-    clock.advance(11.0)
+    t.clock.advance(11.0)
     state.backends.refresh()
     assert rt.breaker.state is CircuitState.HALF_OPEN
     bad.state.fail_status = None  # recovered
@@ -153,19 +174,12 @@ async def test_circuit_opens_then_half_opens_then_closes(harness: Harness) -> No
 
 
 async def test_half_open_failure_reopens(harness: Harness) -> None:
-    clock = FakeClock()
-    good = await harness.backend("good")
-    bad = await harness.backend("bad")
-    bad.state.fail_status = 500
-    client = await harness.router(
-        [bad.url, good.url], clock=clock, breaker=BreakerConfig(failure_threshold=1, open_s=5.0)
-    )
-    state = harness.state(client)
+    t = await _tripping(harness, BreakerConfig(failure_threshold=1, open_s=5.0))
+    client, state, rt = t.client, t.state, t.rt
     await client.post("/v1/completions", data=BODY)
     await client.post("/v1/completions", data=BODY)
-    rt = state.backends.get(bad.url)
-    assert rt is not None and rt.breaker.state is CircuitState.OPEN
-    clock.advance(6.0)
+    assert rt.breaker.state is CircuitState.OPEN
+    t.clock.advance(6.0)
     state.backends.refresh()
     for _ in range(2):
         assert (await client.post("/v1/completions", data=BODY)).status == 200
@@ -217,23 +231,15 @@ async def test_client_disconnect_before_first_byte_cancels_upstream(harness: Har
 
 async def test_half_open_sends_one_trial_at_a_time(harness: Harness) -> None:
     """A backend back from an open circuit gets one request until that one answers."""
-    clock = FakeClock()
-    good = await harness.backend("good")
-    bad = await harness.backend("bad")
-    bad.state.fail_status = 500
-    client = await harness.router(
-        [bad.url, good.url],
-        clock=clock,
-        breaker=BreakerConfig(failure_threshold=1, open_s=5.0, half_open_successes=1),
+    t = await _tripping(
+        harness, BreakerConfig(failure_threshold=1, open_s=5.0, half_open_successes=1)
     )
-    state = harness.state(client)
-    rt = state.backends.get(bad.url)
-    assert rt is not None
+    client, state, bad, rt = t.client, t.state, t.bad, t.rt
     for _ in range(3):
         assert (await client.post("/v1/completions", data=BODY)).status == 200
     assert rt.breaker.state is CircuitState.OPEN
     before = len(bad.state.requests)
-    clock.advance(6.0)
+    t.clock.advance(6.0)
     state.backends.refresh()
     bad.state.fail_status = None
     bad.state.stall_s = 0.3  # recovered, but slow: the trial stays in flight a while
