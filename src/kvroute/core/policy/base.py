@@ -131,6 +131,17 @@ class Policy(abc.ABC):
         return None
 
 
+class SeededPolicy(Policy):
+    """A policy that draws random numbers: from its own generator if given (tests,
+    reproducible runs), else from the fleet's (``view.rng``)."""
+
+    def __init__(self, rng: Random | None = None) -> None:
+        self._rng = rng
+
+    def rng_for(self, view: FleetView) -> Random:
+        return self._rng if self._rng is not None else view.rng
+
+
 def cached_tokens_for(num_blocks: int, num_prompt_tokens: int, block_size: int) -> int:
     """Tokens an engine serves from ``num_blocks`` matched blocks: whole blocks within
     prompt - 1 (vLLM V1 recomputes the last token, so a prompt that is exactly its cached

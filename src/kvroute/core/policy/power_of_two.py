@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-from random import Random
-
 from kvroute.core.policy.base import (
     Decision,
     FleetView,
-    Policy,
     RouteRequest,
+    SeededPolicy,
     rendezvous_score,
     request_key,
     rest_by_load,
 )
 
 
-class PowerOfTwoPolicy(Policy):
+class PowerOfTwoPolicy(SeededPolicy):
     """Each request goes to the less loaded of two random eligible backends.
 
     What it does: samples two distinct candidates with a seeded generator and keeps the
@@ -28,14 +26,11 @@ class PowerOfTwoPolicy(Policy):
 
     name = "power_of_two"
 
-    def __init__(self, rng: Random | None = None) -> None:
-        self._rng = rng  # None: use the fleet's generator
-
     def choose(self, request: RouteRequest, view: FleetView, now: float) -> Decision | None:
         candidates = view.candidates()
         if not candidates:
             return None
-        rng = self._rng if self._rng is not None else view.rng
+        rng = self.rng_for(view)
         picks = [candidates[i] for i in rng.sample(range(len(candidates)), min(2, len(candidates)))]
         key = request_key(request)
 

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from random import Random
-
-from kvroute.core.policy.base import Decision, FleetView, Policy, RouteRequest, rest_by_load
+from kvroute.core.policy.base import Decision, FleetView, RouteRequest, SeededPolicy, rest_by_load
 
 
-class RandomPolicy(Policy):
+class RandomPolicy(SeededPolicy):
     """Each request goes to a uniformly random eligible backend.
 
     What it does: ``rng.choice`` over the eligible backends (sorted by URL, so a seeded
@@ -18,13 +16,10 @@ class RandomPolicy(Policy):
 
     name = "random"
 
-    def __init__(self, rng: Random | None = None) -> None:
-        self._rng = rng  # None: use the fleet's generator
-
     def choose(self, request: RouteRequest, view: FleetView, now: float) -> Decision | None:
         candidates = view.candidates()
         if not candidates:
             return None
-        rng = self._rng if self._rng is not None else view.rng
+        rng = self.rng_for(view)
         url = candidates[rng.randrange(len(candidates))]
         return Decision(url, "random", 0, rest_by_load(view, [url]))
