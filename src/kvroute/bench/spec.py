@@ -84,6 +84,27 @@ class RequestSpec:
         if self.think_time_s < 0:
             raise ValueError("think_time_s must be >= 0")
 
+    @classmethod
+    def chat(
+        cls,
+        request_id: str,
+        messages: tuple[tuple[str, str], ...],
+        max_tokens: int,
+        prefix_group: str,
+        **extra: Any,
+    ) -> RequestSpec:
+        """A chat request; its prompt tokens counted under the built-in chat template."""
+        return cls(
+            request_id=request_id,
+            endpoint="chat",
+            messages=messages,
+            prompt=None,
+            max_tokens=max_tokens,
+            num_prompt_tokens=chat_prompt_tokens(messages),
+            prefix_group=prefix_group,
+            **extra,
+        )
+
     @property
     def path(self) -> str:
         return ENDPOINT_PATHS[self.endpoint]

@@ -18,7 +18,7 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from kvroute.bench.spec import RequestSpec, Session, chat_prompt_tokens, seeded_words
+from kvroute.bench.spec import RequestSpec, Session, seeded_words
 from kvroute.bench.workloads.base import Workload, WorkloadDefaults, check_positive
 
 
@@ -81,14 +81,11 @@ class Multiturn(Workload):
             messages = (*history, ("user", user))
             think = rng.uniform(*p.think_time_s) if t > 0 else 0.0
             turns.append(
-                RequestSpec(
-                    request_id=f"multiturn-{index:06d}-{t:02d}",
-                    endpoint="chat",
-                    messages=messages,
-                    prompt=None,
-                    max_tokens=p.answer_tokens,
-                    num_prompt_tokens=chat_prompt_tokens(messages),
-                    prefix_group=f"session-{index}",
+                RequestSpec.chat(
+                    f"multiturn-{index:06d}-{t:02d}",
+                    messages,
+                    p.answer_tokens,
+                    f"session-{index}",
                     session_id=f"session-{index}",
                     turn=t,
                     think_time_s=think,
@@ -139,14 +136,6 @@ class ZipfHot(Workload):
             rank = rng.choices(ranks, cum_weights=cum_weights)[0]
             suffix = seeded_words(f"{self.seed}:zipf:suffix:{index}", p.suffix_tokens)
             messages = (("system", self._prefix(rank)), ("user", suffix))
-            spec = RequestSpec(
-                request_id=f"zipf-{index:07d}",
-                endpoint="chat",
-                messages=messages,
-                prompt=None,
-                max_tokens=p.output_tokens,
-                num_prompt_tokens=chat_prompt_tokens(messages),
-                prefix_group=f"zipf-{rank}",
-            )
+            spec = RequestSpec.chat(f"zipf-{index:07d}", messages, p.output_tokens, f"zipf-{rank}")
             yield (spec,)
             index += 1

@@ -15,7 +15,7 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from kvroute.bench.spec import RequestSpec, Session, chat_prompt_tokens, count_tokens, seeded_words
+from kvroute.bench.spec import RequestSpec, Session, count_tokens, seeded_words
 from kvroute.bench.workloads.base import Workload, WorkloadDefaults, check_positive
 
 BUCKETS = ("short", "medium", "large", "xlarge")
@@ -125,12 +125,4 @@ class RanvierStress(Workload):
         return self._spec(index, (("system", self._large[k]), ("user", user)), f"large-{k}")
 
     def _spec(self, index: int, messages: tuple[tuple[str, str], ...], group: str) -> RequestSpec:
-        return RequestSpec(
-            request_id=f"ranvier-{index:07d}",
-            endpoint="chat",
-            messages=messages,
-            prompt=None,
-            max_tokens=self.params.max_tokens,
-            num_prompt_tokens=chat_prompt_tokens(messages),
-            prefix_group=group,
-        )
+        return RequestSpec.chat(f"ranvier-{index:07d}", messages, self.params.max_tokens, group)
