@@ -14,6 +14,7 @@ from kvroute.router.backends import BackendRuntime
 from kvroute.router.breaker import CircuitState
 from kvroute.router.config import BreakerConfig, TimeoutConfig
 from kvroute.router.state import RouterState
+from tests.conftest import until
 from tests.router.conftest import FakeClock, Harness
 from tests.router.fake_backend import FakeBackend
 
@@ -199,10 +200,7 @@ async def test_client_disconnect_mid_stream_cancels_upstream_and_releases(
         first = await resp.content.readany()
         assert first.startswith(b"data:")
         resp.close()  # the client goes away mid-stream
-    for _ in range(50):
-        await asyncio.sleep(0.02)
-        if b.state.num_aborted:
-            break
+    await until(lambda: b.state.num_aborted > 0)
     assert b.state.num_aborted == 1
     await harness.settle()
     state = harness.state(client)

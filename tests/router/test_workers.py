@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import msgspec
@@ -35,6 +36,7 @@ from kvroute.router.workers import WORKER_HEADER, SupervisorConfig, reserve_port
 from tests.conftest import until
 
 KVROUTE = [sys.executable, "-m", "kvroute.cli"]
+ADMIN_KEY = "workers-test"
 
 
 def read_line_matching(proc: subprocess.Popen[str], pattern: str, timeout_s: float) -> str:
@@ -97,7 +99,7 @@ def sim_urls() -> Iterator[list[str]]:
 def router(sim_urls: list[str]) -> Iterator[tuple[subprocess.Popen[str], int]]:
     """``kvroute serve --workers 2`` on a free port: (the supervisor process, the port)."""
     cmd = [*KVROUTE, "serve", "--workers", "2", "--port", "0", "--policy", "prefix",
-           "--drain-timeout", "5"]  # fmt: skip
+           "--drain-timeout", "5", "--admin-key", ADMIN_KEY]  # fmt: skip
     for url in sim_urls:
         cmd += ["--backend", url]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
@@ -166,43 +168,71 @@ def all_gone(pids: set[int], timeout_s: float = 5.0) -> bool:
         time.sleep(0.1)
 
 
-def wait_for_the_bus(port: int, timeout_s: float = 20.0) -> None:
-    """Until a placement made by one worker is known to the other.
+def backend_rows(port: int) -> tuple[str, list[dict[str, object]]]:
+    """``GET /admin/backends`` on a fresh connection: (worker index, its rows)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", "/admin/backends", headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+        resp = conn.getresponse()
+        rows = json.loads(resp.read())["backends"]
+        return (resp.getheader(WORKER_HEADER) or "").split(":")[0], rows
+    finally:
+        conn.close()
 
-    The workers' ZMQ sockets connect in the background after startup (and a loaded
-    machine can delay that); each probe uses a new prefix so failed probes leave nothing
-    behind that the real check could trip on.
+
+def wait_until_both_idle(port: int, timeout_s: float = 20.0) -> None:
+    """Until each worker has seen every request finish, its own and its peer's.
+
+    A finish travels on the bus after its dispatch, so a worker idle here has also heard
+    of the placement; asked earlier, it may still count the other's request in flight and
+    balance away from the prefix, which is right but not what this test is about.
     """
     deadline = time.monotonic() + timeout_s
-    k = 0
+    idle: set[str] = set()
     while time.monotonic() < deadline:
-        k += 1
-        probe = f"Probe {k} about lighthouses and foghorns. " * 30
-        _, first_worker, backend, _ = complete(port, probe + "first")
-        for j in range(16):  # fresh connections until one reaches the other worker
-            _, worker, got, decision = complete(port, probe + f"again {j}")
-            if worker.split(":")[0] != first_worker.split(":")[0]:
-                if (got, decision) == (backend, "prefix"):
-                    return
-                break
-        time.sleep(0.2)
-    raise AssertionError(f"the workers did not share placements within {timeout_s} s")
+        worker, rows = backend_rows(port)
+        if all(r["kvroute_backend_router_in_flight_requests"] == 0 for r in rows):
+            idle.add(worker)
+            if len(idle) == 2:
+                return
+        time.sleep(0.02)
+    raise AssertionError(f"only workers {sorted(idle)} went idle within {timeout_s} s")
 
 
-def assert_workers_share_a_prefix(port: int) -> None:
-    """A long prefix first routed by one worker is a "prefix" hit at the other one too."""
-    wait_for_the_bus(port)
+def blocks_per_worker(port: int, timeout_s: float = 20.0) -> dict[str, dict[str, int]]:
+    """Worker index -> (backend -> blocks its index holds), once both have answered."""
+    deadline = time.monotonic() + timeout_s
+    views: dict[str, dict[str, int]] = {}
+    while len(views) < 2 and time.monotonic() < deadline:
+        worker, rows = backend_rows(port)
+        views[worker] = {str(r["url"]): int(r["kvroute_backend_index_blocks"]) for r in rows}
+    assert len(views) == 2, f"only workers {sorted(views)} answered"
+    return views
+
+
+def assert_workers_share_a_prefix(port: int, timeout_s: float = 20.0) -> None:
+    """A prefix routed by one worker is a hit at the other once the message is there.
+
+    No warm-up: the supervisor says "listening" only after every worker heard its peers,
+    so the very first placement reaches the other worker.
+    """
     prompt = "Shared system prompt about tides and harbours. " * 30
+    before = blocks_per_worker(port)
     _, first_worker, backend, _ = complete(port, prompt + "first")
-    time.sleep(0.3)  # the other worker hears of the dispatch over the bus
+    other = next(w for w in before if w != first_worker.split(":")[0])
+    deadline = time.monotonic() + timeout_s
+    while (now := blocks_per_worker(port))[other][backend] <= before[other][backend]:
+        assert time.monotonic() < deadline, f"worker {other} never heard: {before} {now}"
+        time.sleep(0.02)
     others = []
     for i in range(30):
+        wait_until_both_idle(port)
         status, worker, got, decision = complete(port, prompt + f"question {i}")
         assert status == 200
-        if worker.split(":")[0] != first_worker.split(":")[0]:
+        if worker.split(":")[0] == other:
             others.append((got, decision))
     assert others, "no request reached the other worker"
-    assert all(o == (backend, "prefix") for o in others), others
+    assert all(o == (backend, "prefix") for o in others), (backend, others)
 
 
 def test_two_workers_serve_restart_and_drain(router: tuple[subprocess.Popen[str], int]) -> None:
@@ -311,6 +341,35 @@ async def test_fleet_bus_replicates_a_peers_requests(tmp_path: Path) -> None:
         buses[1].apply(b"not msgpack", 3.0)  # dropped with a warning
         for fleet in fleets:
             fleet.check_invariants()
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for bus in buses:
+            bus.close()
+        context.term()
+
+
+async def test_fleet_bus_join_handshake(tmp_path: Path) -> None:
+    """Fast heartbeats until every worker hears every other, slow ones after; a peer that
+    restarts makes the others fast again until it hears them; strangers are dropped."""
+    context = zmq.asyncio.Context()
+    spec = BusSpec(str(tmp_path), 0, 2, heartbeat_s=60.0, join_heartbeat_s=0.01)
+    fleets = [build_fleet("prefix") for _ in range(2)]
+    buses = [FleetBus(replace(spec, index=i), fleets[i], context) for i in range(2)]
+    tasks = [asyncio.create_task(b.receive_forever()) for b in buses]
+    tasks += [asyncio.create_task(b.heartbeat_forever()) for b in buses]
+    try:
+        assert not buses[0].connected
+        assert all([await b.wait_connected(10.0) for b in buses])
+        await until(lambda: all(b.settled for b in buses))
+        sent = [b.num_sent for b in buses]
+        await asyncio.sleep(0.2)
+        assert all(b.num_sent - n <= 1 for b, n in zip(buses, sent, strict=True)), "slow now"
+        buses[1].apply(msgspec.msgpack.encode([(4, 0, buses[0].pid + 1, False)]), 1.0)
+        assert buses[1].connected and not buses[1].settled  # the restarted peer hears nobody
+        buses[1].apply(msgspec.msgpack.encode([(4, 7, 1, True)]), 1.0)  # no worker 7
+        assert set(buses[1].peers) == {0}
     finally:
         for task in tasks:
             task.cancel()

@@ -21,6 +21,13 @@ best-effort: a dispatch message lost (a peer still connecting) only costs a poss
 miss; a finish message lost would leave load counted, so every worker sends a heartbeat
 each ``heartbeat_s``, and the shadows of a peer that went silent for ``peer_timeout_s``,
 or came back with a new pid, are finished at once.
+
+Joining: a PUB socket drops what it sends before a peer's SUB has connected, and a SUB
+connecting to a peer that has not bound yet retries only every 100 ms, so right after
+startup placements were lost for up to a second (seen as duplicate placements in
+tests). A worker counts as connected once it has heard every peer; until it and all its
+peers are connected it sends heartbeats each ``join_heartbeat_s``, each saying whether
+it is connected, and ``wait_connected`` lets a worker report ready only then.
 """
 
 from __future__ import annotations
@@ -53,7 +60,7 @@ _KIND_DISPATCH = 0  # ticket_id, url, reason, request_id, model, hashes, prompt,
 _KIND_FIRST_TOKEN = 1  # ticket_id, now, cached_tokens | None
 _KIND_CACHED = 2  # ticket_id, cached_tokens
 _KIND_FINISH = 3  # ticket_id, now, ok
-_KIND_HEARTBEAT = 4  # (nothing more)
+_KIND_HEARTBEAT = 4  # connected (this worker has heard every peer)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +71,7 @@ class BusSpec:
     index: int  # this worker, 0..num_workers-1
     num_workers: int  # all workers, this one included
     heartbeat_s: float = 1.0  # a worker says it is alive this often
+    join_heartbeat_s: float = 0.02  # ... and this often until every worker is connected
     peer_timeout_s: float = 5.0  # a peer silent this long is dead: its shadows finish
 
     def endpoint(self, index: int) -> str:
@@ -77,6 +85,7 @@ class _Peer:
     pid: int  # the process now filling that index
     last_heard_s: float  # monotonic seconds of its last message
     shadows: dict[int, Ticket]  # its ticket id -> our shadow ticket of that request
+    connected: bool = False  # its last heartbeat said it has heard every worker
 
 
 class FleetBus:
@@ -96,6 +105,7 @@ class FleetBus:
         self.num_applied = 0
         self._outbox: list[tuple[Any, ...]] = []  # messages waiting for _flush
         self._replaying = False  # applying peers' calls: the Fleet's notices are not ours
+        self._connected = asyncio.Event()  # set while every peer is heard
         self.pub = context.socket(zmq.PUB)
         self.pub.setsockopt(zmq.LINGER, 0)
         self.pub.setsockopt(zmq.SNDHWM, 100_000)
@@ -167,9 +177,31 @@ class FleetBus:
             self.forget_peer(origin, now_s)  # restarted: its old requests died with it
             peer = None
         if peer is None:
+            if not 0 <= origin < self.spec.num_workers or origin == self.spec.index:
+                raise ValueError(f"message from unknown worker {origin}")
             peer = self.peers[origin] = _Peer(pid, now_s, {})
+            if self.connected:
+                self._connected.set()
         peer.last_heard_s = now_s
         return peer
+
+    @property
+    def connected(self) -> bool:
+        """This worker has heard every peer (so its SUB receives from all of them)."""
+        return len(self.peers) == self.spec.num_workers - 1
+
+    @property
+    def settled(self) -> bool:
+        """Every worker, this one and all peers, says it is connected."""
+        return self.connected and all(p.connected for p in self.peers.values())
+
+    async def wait_connected(self, timeout_s: float) -> bool:
+        """Until every peer is heard (True) or ``timeout_s`` passed (False)."""
+        try:
+            await asyncio.wait_for(self._connected.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
 
     def _apply(self, kind: int, peer: _Peer, rest: list[Any]) -> None:
         if kind == _KIND_DISPATCH:
@@ -194,7 +226,9 @@ class FleetBus:
             shadow = peer.shadows.pop(ticket_id, None)
             if shadow is not None:
                 self.fleet.finish(shadow, now, ok)
-        elif kind != _KIND_HEARTBEAT:
+        elif kind == _KIND_HEARTBEAT:
+            peer.connected = bool(rest[0]) if rest else False
+        else:
             raise ValueError(f"unknown message kind {kind}")
         self.num_applied += 1
 
@@ -203,6 +237,7 @@ class FleetBus:
         peer = self.peers.pop(origin, None)
         if peer is None:
             return
+        self._connected.clear()
         if peer.shadows:
             log.warning("worker %d gone: releasing %d of its requests", origin, len(peer.shadows))
         self._replaying = True
@@ -223,18 +258,22 @@ class FleetBus:
             self.apply(payload, clock())
 
     def send_heartbeat(self) -> None:
-        """Tell the peers this worker is alive (and, the first time, who it is)."""
-        self._send(_KIND_HEARTBEAT)
+        """Tell the peers this worker is alive, who it is and whether it hears them all."""
+        self._send(_KIND_HEARTBEAT, self.connected)
 
     async def heartbeat_forever(self, clock: Callable[[], float] = time.monotonic) -> None:
         while True:
             self.send_heartbeat()
             self.expire_silent_peers(clock())
-            await asyncio.sleep(self.spec.heartbeat_s)
+            settled = self.settled
+            await asyncio.sleep(self.spec.heartbeat_s if settled else self.spec.join_heartbeat_s)
 
     def close(self) -> None:
         self.pub.close(0)
         self.sub.close(0)
+
+
+BUS: web.AppKey[FleetBus] = web.AppKey("kvroute_bus", FleetBus)
 
 
 def attach_bus(app: web.Application, spec: BusSpec) -> None:
@@ -245,6 +284,7 @@ def attach_bus(app: web.Application, spec: BusSpec) -> None:
         context = zmq.asyncio.Context()
         bus = FleetBus(spec, state.fleet, context)
         bus.install()
+        app[BUS] = bus
         loop = asyncio.get_running_loop()
         tasks = [
             loop.create_task(bus.receive_forever(state.clock)),

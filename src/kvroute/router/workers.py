@@ -49,10 +49,11 @@ from aiohttp import web
 
 from kvroute.router.app import build_fleet, make_app
 from kvroute.router.config import RouterConfig
-from kvroute.router.worker_sync import BusSpec, attach_bus
+from kvroute.router.worker_sync import BUS, BusSpec, attach_bus
 
 log = logging.getLogger("kvroute.router.workers")
 WORKER_HEADER = "x-kvroute-worker"
+BUS_JOIN_TIMEOUT_S = 10.0  # a worker reports ready without its peers after this long
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +171,8 @@ async def serve_worker(
         await shared.start()
         if private_port is not None:
             await web.TCPSite(runner, config.host, private_port, backlog=128).start()
+        if bus is not None and not await app[BUS].wait_connected(BUS_JOIN_TIMEOUT_S):
+            log.warning("worker %d: not every peer heard within %ss", index, BUS_JOIN_TIMEOUT_S)
         ready.send(os.getpid())
         ready.close()
         await stop.wait()
