@@ -8,6 +8,7 @@ each, so the kernel's SO_REUSEPORT hash spreads them over the workers.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.client
 import json
 import os
@@ -19,8 +20,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import replace
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import msgspec
@@ -299,30 +299,46 @@ def test_bad_worker_flags_exit_2_without_spawning(
     assert "kvroute serve:" in capsys.readouterr().err
 
 
+@contextlib.asynccontextmanager
+async def bus_pair(
+    tmp_path: Path, fleets: list[Fleet], **spec: float
+) -> AsyncIterator[list[FleetBus]]:
+    """Two FleetBuses (workers 0 and 1) on ``fleets``, receiving and sending heartbeats."""
+    context = zmq.asyncio.Context()
+    specs = [BusSpec(str(tmp_path), i, 2, **spec) for i in range(2)]
+    buses = [FleetBus(sp, fleet, context) for sp, fleet in zip(specs, fleets, strict=True)]
+    for bus in buses:
+        bus.install()
+    tasks = [asyncio.create_task(b.receive_forever()) for b in buses]
+    tasks += [asyncio.create_task(b.heartbeat_forever()) for b in buses]
+    try:
+        yield buses
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for bus in buses:
+            bus.close()
+        context.term()
+
+
 async def test_fleet_bus_replicates_a_peers_requests(tmp_path: Path) -> None:
     """Worker 0 dispatches; worker 1 then holds the prefix on the same backend and counts
     the load until worker 0 finishes; a peer that restarts has its shadows released."""
-    context = zmq.asyncio.Context()
     urls = ["http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3"]
     fleets = [build_fleet("prefix") for _ in range(2)]
     for fleet in fleets:
         for url in urls:
             fleet.add_backend(url)
-    buses = [FleetBus(BusSpec(str(tmp_path), i, 2), fleets[i], context) for i in range(2)]
-    for bus in buses:
-        bus.install()
-    tasks = [asyncio.create_task(bus.receive_forever()) for bus in buses]
     req = RouteRequest("r1", None, [11, 12, 13, 14], 64, 4)
 
     def in_flight(fleet: Fleet) -> dict[str, int]:
         return {s.url: s.in_flight_requests for s in fleet.backend_states()}
 
-    try:
+    async with bus_pair(tmp_path, fleets) as buses:
         first = fleets[0].route(req, 0.0)
         assert first is not None
-        while 0 not in buses[1].peers:  # PUB drops messages until the SUB has connected
-            buses[0].send_heartbeat()
-            await asyncio.sleep(0.01)
+        assert await buses[1].wait_connected(10.0)  # PUB drops messages until then
         ticket = fleets[0].dispatch(first, req, 0.0)
         await until(lambda: in_flight(fleets[1])[first.backend] == 1)  # load shared
         fleets[0].on_first_token(ticket, 0.5, 48)
@@ -341,26 +357,13 @@ async def test_fleet_bus_replicates_a_peers_requests(tmp_path: Path) -> None:
         buses[1].apply(b"not msgpack", 3.0)  # dropped with a warning
         for fleet in fleets:
             fleet.check_invariants()
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        for bus in buses:
-            bus.close()
-        context.term()
 
 
 async def test_fleet_bus_join_handshake(tmp_path: Path) -> None:
     """Fast heartbeats until every worker hears every other, slow ones after; a peer that
     restarts makes the others fast again until it hears them; strangers are dropped."""
-    context = zmq.asyncio.Context()
-    spec = BusSpec(str(tmp_path), 0, 2, heartbeat_s=60.0, join_heartbeat_s=0.01)
     fleets = [build_fleet("prefix") for _ in range(2)]
-    buses = [FleetBus(replace(spec, index=i), fleets[i], context) for i in range(2)]
-    tasks = [asyncio.create_task(b.receive_forever()) for b in buses]
-    tasks += [asyncio.create_task(b.heartbeat_forever()) for b in buses]
-    try:
-        assert not buses[0].connected
+    async with bus_pair(tmp_path, fleets, heartbeat_s=60.0, join_heartbeat_s=0.01) as buses:
         assert all([await b.wait_connected(10.0) for b in buses])
         await until(lambda: all(b.settled for b in buses))
         sent = [b.num_sent for b in buses]
@@ -370,10 +373,3 @@ async def test_fleet_bus_join_handshake(tmp_path: Path) -> None:
         assert buses[1].connected and not buses[1].settled  # the restarted peer hears nobody
         buses[1].apply(msgspec.msgpack.encode([(4, 7, 1, True)]), 1.0)  # no worker 7
         assert set(buses[1].peers) == {0}
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        for bus in buses:
-            bus.close()
-        context.term()
