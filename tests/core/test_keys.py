@@ -20,6 +20,14 @@ def test_tokenizer_counts_and_is_deterministic_on_any_text(text):
     assert (len(text) == 0) == (tok.count(text) == 0)
 
 
+@given(st.text(max_size=200), st.text(max_size=200))
+def test_tokenizer_ids_do_not_depend_on_what_it_saw_before(seen, text):
+    """A warm tokenizer (pieces interned by earlier texts) and a fresh one agree."""
+    warm = Tokenizer()
+    warm.encode(seen + text[: len(text) // 2])
+    assert warm.encode(text) == Tokenizer().encode(text)
+
+
 @given(st.lists(st.sampled_from([*OUTPUT_WORDS, ",", ".", "\n", " 42"]), max_size=60))
 def test_tokenizer_round_trips_generated_text(words):
     text = "".join(w if not w.isalpha() else " " + w for w in words)
@@ -46,6 +54,11 @@ def test_text_keys_of_a_prefix_are_a_prefix_of_the_keys(prefix, suffix):
     b = text_block_hashes(prefix + suffix, 16)
     assert b[: len(a)] == a
     assert len(a) == len(prefix.encode()) // 16
+
+
+@given(st.lists(st.integers(-(2**63), 2**70), min_size=16, max_size=48))
+def test_token_keys_hash_any_int_as_its_low_64_bits(ids):
+    assert token_block_hashes(ids, 16) == token_block_hashes([t % 2**64 for t in ids], 16)
 
 
 def test_keys_chain_so_a_changed_first_block_changes_all():

@@ -84,7 +84,10 @@ def token_block_hashes(
     token_ids: Sequence[int], block_size: int, parent: int = ROOT_SEED
 ) -> list[int]:
     """Chained keys of the full ``block_size``-token blocks of ``token_ids``."""
-    data = array("Q", [t & _MASK64 for t in token_ids]).tobytes()
+    try:
+        data = array("Q", token_ids).tobytes()  # ids in [0, 2**64): no per-id work
+    except (OverflowError, TypeError):
+        data = array("Q", [t & _MASK64 for t in token_ids]).tobytes()
     step = block_size * 8
     hashes = []
     digest = xxhash.xxh3_64_intdigest

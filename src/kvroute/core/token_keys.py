@@ -6,8 +6,9 @@ In exact mode the router's keys must be computed over exactly the engine's token
 the simulator (``render_chat`` + the built-in tokenizer, as ``sim/protocol.py`` does);
 ``router/hf_tokenizer.py`` loads a real model's ``tokenizer.json`` and chat template.
 
-Tokenizing costs real time (~15 ms for 32k tokens in Python): the proxy calls this only
-when ``Fleet.key_kind_for(model) == "tokens"``.
+Tokenizing costs real time (about 7 ms for 32k tokens, 1 ms for 3.7k, mostly the
+built-in tokenizer's regex): the proxy calls this only when
+``Fleet.key_kind_for(model) == "tokens"``.
 """
 
 from __future__ import annotations
