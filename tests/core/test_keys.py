@@ -4,9 +4,13 @@ from hypothesis import strategies as st
 
 from kvroute.core.chat import ChatFormatError, render_chat
 from kvroute.core.keys import (
+    ROOT_SEED,
+    Prompt,
     PromptError,
+    chain_seed,
     prompt_block_hashes,
     prompt_of,
+    salt_of,
     text_block_hashes,
     token_block_hashes,
 )
@@ -106,3 +110,27 @@ def test_prompt_of_reads_every_completions_form():
 def test_prompt_block_hashes_uses_tokens_when_given():
     p = prompt_of({"prompt": list(range(40))}, chat=False)
     assert prompt_block_hashes(p, 16) == token_block_hashes(list(range(40)), 16)
+
+
+def test_a_salt_gives_its_own_key_chain_in_text_and_token_keys():
+    assert chain_seed(None) == ROOT_SEED
+    assert chain_seed("a") == chain_seed("a") != chain_seed("b") != ROOT_SEED
+    for prompt in (Prompt("x" * 640, None), Prompt(None, tuple(range(160)))):
+        plain = prompt_block_hashes(prompt, 16)
+        salted = prompt_block_hashes(prompt, 16, chain_seed("a"))
+        assert len(plain) == len(salted) == 10
+        assert not set(plain) & set(salted)  # no block of a salted prompt matches
+        assert salted == prompt_block_hashes(prompt, 16, chain_seed("a"))
+
+
+@pytest.mark.parametrize(
+    ("body", "salt"),
+    [
+        ({"cache_salt": "t1"}, "t1"),
+        ({}, None),
+        ({"cache_salt": ""}, None),
+        ({"cache_salt": 7}, None),
+    ],
+)
+def test_salt_of_reads_only_a_non_empty_string(body, salt):
+    assert salt_of(body) == salt

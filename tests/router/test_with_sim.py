@@ -124,3 +124,31 @@ async def test_prefix_policy_sticks_to_the_cache_holder(sim: SimFleet) -> None:
     finally:
         assert_no_load(client.app[STATE])  # type: ignore[index]
         await client.close()
+
+
+async def test_cache_salt_separates_keys_as_the_engine_does(sim: SimFleet) -> None:
+    """vLLM (and the simulator) mix ``cache_salt`` into the first block: the router must
+    not predict a hit across salts, and must predict one within a salt."""
+    client = TestClient(
+        TestServer(make_app(router_config(sim.urls, policy="prefix")), host="127.0.0.1")
+    )
+    await client.start_server()
+
+    async def ask(question: str, salt: str | None) -> tuple[str, int]:
+        body: dict[str, Any] = {"prompt": PROMPT + question, "max_tokens": 2}
+        if salt is not None:
+            body["cache_salt"] = salt
+        r = await client.post("/v1/completions", json=body)
+        assert r.status == 200
+        cached = (await r.json())["usage"]["prompt_tokens_details"]["cached_tokens"]
+        return r.headers["x-kvroute-decision"], cached
+
+    try:
+        assert await ask(" one", "tenant-a") == ("cold", 0)
+        assert await ask(" two", None) == ("cold", 0)  # same text, no salt: no hit
+        assert await ask(" three", "tenant-b") == ("cold", 0)
+        decision, cached = await ask(" four", "tenant-a")
+        assert decision == "prefix" and cached > 0  # same salt: the engine hits too
+    finally:
+        assert_no_load(client.app[STATE])  # type: ignore[index]
+        await client.close()

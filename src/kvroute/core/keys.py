@@ -9,6 +9,11 @@ Two granularities:
 - text blocks of ``block_chars`` bytes of the UTF-8 prompt (approximate mode; about
   ``block_size * 4`` characters stand for one engine block of the built-in tokenizer);
 - token blocks of ``block_size`` token ids (exact mode, same ids as the engine sees).
+
+The chain's root is ``ROOT_SEED``, or ``chain_seed(cache_salt)`` for a request that
+carries vLLM's ``cache_salt``: the engine mixes the salt into its first block's hash, so
+salted requests share cache only with requests of the same salt, and their keys must
+not match unsalted ones.
 """
 
 from __future__ import annotations
@@ -68,11 +73,26 @@ def prompt_of(body: dict[str, Any], chat: bool) -> Prompt:
     raise PromptError("'prompt' must be a string, a list of strings or a list of token ids")
 
 
-def text_block_hashes(text: str, block_chars: int) -> list[int]:
+def chain_seed(cache_salt: str | None = None, lora_id: int | None = None) -> int:
+    """The root of a request's key chain: requests with different salts or adapters
+    never share KV (vLLM's extra keys); ``ROOT_SEED`` for a plain request."""
+    if cache_salt is None and lora_id is None:
+        return ROOT_SEED
+    key = f"{cache_salt or ''}\x00{lora_id if lora_id is not None else ''}".encode()
+    return xxhash.xxh3_64_intdigest(key, ROOT_SEED)
+
+
+def salt_of(body: dict[str, Any]) -> str | None:
+    """The body's ``cache_salt`` when it is a non-empty string (the engine rejects other
+    values, so they route as unsalted and the engine's error is passed on)."""
+    salt = body.get("cache_salt")
+    return salt if isinstance(salt, str) and salt else None
+
+
+def text_block_hashes(text: str, block_chars: int, parent: int = ROOT_SEED) -> list[int]:
     """Chained keys of the full ``block_chars``-byte blocks of ``text`` (UTF-8)."""
     data = text.encode()
     hashes = []
-    parent = ROOT_SEED
     digest = xxhash.xxh3_64_intdigest
     for start in range(0, len(data) - block_chars + 1, block_chars):
         parent = digest(data[start : start + block_chars], parent)
@@ -97,9 +117,9 @@ def token_block_hashes(
     return hashes
 
 
-def prompt_block_hashes(prompt: Prompt, block_size: int) -> list[int]:
+def prompt_block_hashes(prompt: Prompt, block_size: int, seed: int = ROOT_SEED) -> list[int]:
     """Keys of ``prompt`` for an engine with ``block_size``-token blocks."""
     if prompt.token_ids is not None:
-        return token_block_hashes(prompt.token_ids, block_size)
+        return token_block_hashes(prompt.token_ids, block_size, seed)
     assert prompt.text is not None, "Prompt holds text or token ids"
-    return text_block_hashes(prompt.text, block_size * CHARS_PER_TOKEN)
+    return text_block_hashes(prompt.text, block_size * CHARS_PER_TOKEN, seed)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from kvroute.core.keys import Prompt, prompt_of, token_block_hashes
+from kvroute.core.keys import ROOT_SEED, Prompt, prompt_of, token_block_hashes
 from kvroute.core.tokenizer import default_tokenizer
 
 
@@ -42,6 +42,8 @@ def prompt_token_ids(prompt: Prompt) -> list[int]:
     return default_tokenizer().encode(prompt.text)
 
 
-def exact_route_keys(token_ids: list[int], block_size: int) -> tuple[list[int], int]:
+def exact_route_keys(
+    token_ids: list[int], block_size: int, seed: int = ROOT_SEED
+) -> tuple[list[int], int]:
     """(block keys, prompt tokens) for a RouteRequest in exact mode."""
-    return token_block_hashes(token_ids, block_size), len(token_ids)
+    return token_block_hashes(token_ids, block_size, seed), len(token_ids)

@@ -12,9 +12,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-import xxhash
-
-from kvroute.core.keys import ROOT_SEED, token_block_hashes
+from kvroute.core.keys import token_block_hashes
 from kvroute.engine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 from kvroute.engine.request import Request
 
@@ -34,14 +32,6 @@ class PrefixHit:
 
     block_ids: tuple[int, ...]  # cached blocks to reuse, in token order
     num_tokens: int  # tokens they cover (block_size * len(block_ids))
-
-
-def extra_keys_seed(cache_salt: str | None = None, lora_id: int | None = None) -> int:
-    """Chain root for a request: requests with different salts/adapters never share KV."""
-    if cache_salt is None and lora_id is None:
-        return ROOT_SEED
-    key = f"{cache_salt or ''}\x00{lora_id if lora_id is not None else ''}".encode()
-    return xxhash.xxh3_64_intdigest(key, ROOT_SEED)
 
 
 class BlockManager:

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import xxhash
 
-from kvroute.core.keys import token_block_hashes
+from kvroute.core.keys import chain_seed, token_block_hashes
 from kvroute.core.tokenizer import default_tokenizer
-from kvroute.engine.block_manager import BlockManager, extra_keys_seed
+from kvroute.engine.block_manager import BlockManager
 from kvroute.engine.kv_events import KvEvent
 from kvroute.engine.profiles import EngineProfile
 from kvroute.engine.request import Request
@@ -112,7 +112,7 @@ class Engine:
     ) -> None:
         """Queue a request; ValueError when it is malformed or can never fit."""
         self._validate(request_id, prompt_token_ids, max_tokens)
-        seed = extra_keys_seed(cache_salt)
+        seed = chain_seed(cache_salt)
         try:
             hashes = token_block_hashes(prompt_token_ids, self.profile.block_size, seed)
         except TypeError:

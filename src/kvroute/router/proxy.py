@@ -16,7 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
-from kvroute.core.keys import Prompt, PromptError, prompt_block_hashes
+from kvroute.core.keys import Prompt, PromptError, chain_seed, prompt_block_hashes, salt_of
 from kvroute.core.policy.base import Decision, RouteRequest
 from kvroute.core.token_keys import exact_route_keys, prompt_token_ids
 from kvroute.router.clients import client_address, is_trusted
@@ -114,8 +114,9 @@ def _route_keys(
     events (exact keys), else text keys and a token estimate."""
     fleet = state.fleet
     bs = fleet.block_size_for(model)
+    seed = chain_seed(salt_of(body))  # a salted request shares cache only with its salt
     if fleet.key_kind_for(model) != "tokens":
-        return prompt_block_hashes(prompt, bs), prompt.num_tokens_estimate
+        return prompt_block_hashes(prompt, bs, seed), prompt.num_tokens_estimate
     tokenizer = state.tokenizer_for(model)
     try:
         if tokenizer is BUILTIN_TOKENIZER:
@@ -124,7 +125,7 @@ def _route_keys(
             ids = tokenizer.token_ids(body, chat)
     except PromptError as exc:
         raise BadRequest(str(exc)) from None
-    return exact_route_keys(ids, bs)
+    return exact_route_keys(ids, bs, seed)
 
 
 def _upstream_headers(state: RouterState, request: web.Request, url: str) -> dict[str, str]:
