@@ -12,12 +12,14 @@ from kvroute.engine import (
     decode_batch,
     encode_batch,
 )
+from kvroute.engine.kv_events import cache_salt_of
 
 EVENTS = [
     BlockStored([11, 12], None, list(range(32)), 16),
     BlockStored([13], 12, list(range(32, 48)), 16, lora_id=3, medium="CPU"),
     BlockRemoved([11, 2**64 - 1]),
     AllBlocksCleared(),
+    BlockStored([21, 22], None, list(range(32)), 16, extra_keys=[["tenant-a"], None]),
 ]
 
 
@@ -28,11 +30,11 @@ def test_round_trip(form: str) -> None:
 
 
 def test_array_form_is_vllms_positional_layout() -> None:
-    raw = msgspec.msgpack.decode(encode_batch(1.0, EVENTS[:1] + EVENTS[2:], data_parallel_rank=0))
+    raw = msgspec.msgpack.decode(encode_batch(1.0, EVENTS[:1] + EVENTS[2:4], data_parallel_rank=0))
     assert raw == [
         1.0,
         [
-            ["BlockStored", [11, 12], None, list(range(32)), 16, None, "GPU"],
+            ["BlockStored", [11, 12], None, list(range(32)), 16, None, "GPU", None, None],
             ["BlockRemoved", [11, 2**64 - 1], "GPU"],
             ["AllBlocksCleared"],
         ],
@@ -62,7 +64,7 @@ def test_decoder_accepts_byte_hashes_extra_fields_and_omitted_defaults() -> None
     ts, events = decode_batch(payload)
     assert ts == 7.0
     assert events == [
-        BlockStored([0xDEADBEEF], None, [1, 2], 2),
+        BlockStored([0xDEADBEEF], None, [1, 2], 2, lora_name="lora-x"),
         BlockStored([5], 0xDEADBEEF, [3, 4], 2),
         BlockRemoved([0xDEADBEEF]),
         AllBlocksCleared(),
@@ -79,6 +81,7 @@ def test_decoder_accepts_byte_hashes_extra_fields_and_omitted_defaults() -> None
         msgspec.msgpack.encode([1.0, [["BlockEvicted", [1]]]]),
         msgspec.msgpack.encode([1.0, [{"type": "BlockStored", "block_hashes": [1]}]]),
         msgspec.msgpack.encode([1.0, [["BlockRemoved", [1.5]]]]),
+        msgspec.msgpack.encode([1.0, [["BlockStored", [1], None, [1], 1, None, "GPU", None, 7]]]),
     ],
 )
 def test_malformed_batches_raise_value_error(payload: bytes) -> None:
@@ -89,3 +92,21 @@ def test_malformed_batches_raise_value_error(payload: bytes) -> None:
 def test_unknown_form_is_refused() -> None:
     with pytest.raises(ValueError):
         encode_batch(0.0, [], form="json")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("parent", "lora_name", "extra_keys", "salt"),
+    [
+        (None, None, [["tenant-a"], None], "tenant-a"),
+        (None, "ad", [["ad", "tenant-a"], ["ad"]], "tenant-a"),  # LoRA name first
+        (None, "ad", [["ad"], ["ad"]], None),  # only the adapter
+        (None, None, [[["mm-1", 0], "tenant-a", b"emb"]], "tenant-a"),  # image, salt, embeds
+        (None, None, None, None),
+        (None, None, [None, None], None),
+        (7, None, [["tenant-a"]], None),  # not at the root: the salt is not in this event
+    ],
+)
+def test_cache_salt_of_reads_the_first_blocks_last_extra_key(parent, lora_name, extra_keys, salt):
+    event = BlockStored([1, 2], parent, list(range(4)), 2, lora_name=lora_name,
+                        extra_keys=extra_keys)  # fmt: skip
+    assert cache_salt_of(event) == salt

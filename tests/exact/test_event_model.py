@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from kvroute.core.event_model import EventCacheModel
+from kvroute.core.keys import chain_seed, token_block_hashes
 from kvroute.engine.kv_events import BlockStored
 from tests.exact.helpers import BS, engine_hashes, router_keys, stored, tokens
 
@@ -108,3 +109,21 @@ def test_children_come_before_parents_in_blocks_order():
 def _fields(e: BlockStored):
     assert e.block_size == BS
     return e.block_hashes, e.parent_block_hash, e.token_ids, e.block_size
+
+
+def test_a_salted_chain_is_keyed_from_its_salt_and_its_seed_goes_with_it():
+    ids = tokens((1, 3))
+    salt = chain_seed("tenant-a")
+    salted_engine_hashes = token_block_hashes(ids, BS, 12345)  # the engine mixed the salt in
+    m = EventCacheModel(100)
+    plain = m.store(*_fields(stored(ids)))
+    salted = m.store(salted_engine_hashes, None, ids, BS, salt)  # same tokens, other chain
+    assert salted == token_block_hashes(ids, BS, salt)
+    assert not set(plain) & set(salted)
+    assert set(m.blocks()) == set(plain) | set(salted)  # both chains start at a root
+    m.check_invariants()
+    assert sorted(m.remove(salted_engine_hashes[1:2])) == sorted(salted[1:])
+    m.check_invariants()
+    m.clear()
+    assert len(m) == 0
+    m.check_invariants()  # no salted seed outlives its blocks

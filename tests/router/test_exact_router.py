@@ -224,3 +224,33 @@ async def test_a_dead_feed_turns_its_backend_approximate(
     assert not state.fleet.is_exact(url)  # a view nobody updates is not trusted
     again = await complete(router, SHARED + "still routed")
     assert again.status == 200
+
+
+async def test_salted_blocks_are_keyed_with_their_salt(sims: SimFleet) -> None:
+    """The engine's events carry a request's cache_salt (extra keys of its first block):
+    the exact view keys those blocks as salted requests are keyed, so only a request with
+    the same salt is predicted (and gets) a hit."""
+    clock = FakeClock()
+    client = await start_router(sims, clock=clock)
+    state: RouterState = client.app[STATE]  # type: ignore[index]
+
+    async def ask(question: str, **salt: str) -> tuple[str, str, int]:
+        resp = await complete(client, SHARED + question, **salt)
+        cached = (await resp.json())["usage"]["prompt_tokens_details"]["cached_tokens"]
+        url = resp.headers["x-kvroute-backend"]
+        await until(lambda: caught_up(state, next(b for b in sims.backends if b.url == url)))
+        clock.advance(60.0)  # speculative credit expired: only the events speak
+        return url, resp.headers["x-kvroute-decision"], cached
+
+    try:
+        url, decision, cached = await ask("First?", cache_salt="tenant-a")
+        assert (decision, cached) == ("cold", 0)
+        assert (await ask("Second?"))[1:] == ("cold", 0)  # no salt: the engine misses too
+        again, decision, cached = await ask("Third?", cache_salt="tenant-a")
+        assert (again, decision) == (url, "prefix") and cached > 0
+        states = state.fleet.backend_states()
+        assert sum(s.num_reported for s in states) == 3
+        assert sum(s.num_reported_exact for s in states) == 3  # predicted == engine's
+    finally:
+        assert_no_load(state)
+        await client.close()

@@ -6,7 +6,9 @@ carries the blocks' token ids and the parent's engine hash, so the router comput
 own chained key for each block (``token_block_hashes`` seeded with the parent's router
 key) and remembers engine hash -> router key. ``BlockRemoved`` maps back through that
 table (llm-d's "dual key" design). A store whose parent the router never saw cannot be
-keyed and is dropped (counted in ``num_orphans``).
+keyed and is dropped (counted in ``num_orphans``). A chain at the root starts from
+``ROOT_SEED``, or from the request's ``chain_seed(cache_salt)`` when the event's extra
+keys carry a salt, as the router keys salted requests.
 
 Speculative entries close the blind window between dispatch and the engine's first
 ``BlockStored``: the chosen backend is credited with the request's keys at once; an event
@@ -37,7 +39,8 @@ class EventCacheModel(CacheModel):
     """Router keys one engine holds (from its KV events) plus speculative keys.
 
     Invariants (``check_invariants``):
-    - ``visible`` is exactly the present keys whose parent is the root or visible;
+    - ``visible`` is exactly the present keys whose parent is a root seed or visible;
+    - ``_seeds`` is ``ROOT_SEED`` plus the salted seeds that have present children;
     - every present key has its parent in ``_parent`` and is listed in its parent's
       ``_children``; absent keys are in neither;
     - ``_confirmed[k]`` counts the engine blocks mapped to k in ``_engine_to_key``.
@@ -57,7 +60,8 @@ class EventCacheModel(CacheModel):
         # router key -> tokens (one per request) of its pending speculations
         self._speculative: dict[int, set[int]] = {}
         self._next_anonymous = -1  # tokens of speculations made without one
-        self._parent: dict[int, int] = {}  # present key -> parent key (ROOT_SEED at root)
+        self._parent: dict[int, int] = {}  # present key -> parent key (a seed at the root)
+        self._seeds: set[int] = {ROOT_SEED}  # chain roots: plain, and salted ones in use
         self._children: dict[int, set[int]] = {}  # key -> its present children
         self.visible: set[int] = set()  # present keys with a present chain to the root
         self.num_orphans = 0  # stored blocks dropped: parent engine hash never seen
@@ -77,7 +81,7 @@ class EventCacheModel(CacheModel):
 
     def blocks(self) -> Iterator[int]:
         """Visible keys, children before their parents (an LRU can be seeded from it)."""
-        roots = [k for k in self.visible if self._parent[k] == ROOT_SEED]
+        roots = [k for k in self.visible if self._parent[k] in self._seeds]
         out: list[int] = []
         stack: list[tuple[int, bool]] = [(k, False) for k in roots]
         while stack:
@@ -120,9 +124,16 @@ class EventCacheModel(CacheModel):
         parent_engine_hash: int | None,
         token_ids: Sequence[int],
         block_size: int,
+        seed: int = ROOT_SEED,
     ) -> list[int]:
-        """A ``BlockStored``: map each block to its router key; returns keys now visible."""
-        parent = ROOT_SEED if parent_engine_hash is None else self.key_of(parent_engine_hash)
+        """A ``BlockStored``: map each block to its router key; returns keys now visible.
+
+        ``seed`` roots a chain that starts at the root (``chain_seed`` of its salt)."""
+        if parent_engine_hash is None:
+            parent: int | None = seed
+            self._seeds.add(seed)
+        else:
+            parent = self.key_of(parent_engine_hash)
         if parent is None or block_size < 1:
             self.num_orphans += len(engine_hashes)
             return []
@@ -140,6 +151,8 @@ class EventCacheModel(CacheModel):
             if self._speculative.pop(key, None) is None and self._confirmed[key] == 1:
                 self._make_present(key, parent, added)
             parent = key
+        if seed != ROOT_SEED and seed not in self._children:
+            self._seeds.discard(seed)  # nothing new under it (blocks already known)
         return added
 
     def remove(self, engine_hashes: Iterable[int]) -> list[int]:
@@ -233,7 +246,7 @@ class EventCacheModel(CacheModel):
         else:
             siblings.add(key)
         visible = self.visible
-        if parent != ROOT_SEED and parent not in visible:
+        if parent not in self._seeds and parent not in visible:
             return
         visible.add(key)
         out.append(key)
@@ -253,6 +266,8 @@ class EventCacheModel(CacheModel):
         siblings.discard(key)
         if not siblings:
             del self._children[parent]
+            if parent != ROOT_SEED:
+                self._seeds.discard(parent)  # a salted root with nothing left under it
         visible = self.visible
         if key not in visible:
             return
@@ -278,9 +293,10 @@ class EventCacheModel(CacheModel):
                 assert self._parent.get(c) == parent, "event model: stray child"
         for key in present:
             p = self._parent[key]
-            whole = p == ROOT_SEED or p in self.visible
+            whole = p in self._seeds or p in self.visible
             assert (key in self.visible) == whole, f"event model: visibility of {key}"
         assert self.visible <= present, "event model: visible key not present"
+        assert self._seeds - {ROOT_SEED} <= set(self._children), "event model: idle seed"
         counts: dict[int, int] = {}
         for key in self._engine_to_key.values():
             counts[key] = counts.get(key, 0) + 1

@@ -26,7 +26,14 @@ from dataclasses import dataclass
 
 from kvroute.core.event_model import EventCacheModel
 from kvroute.core.index import LruCacheModel, PrefixIndex
-from kvroute.engine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
+from kvroute.core.keys import chain_seed
+from kvroute.engine.kv_events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KvEvent,
+    cache_salt_of,
+)
 
 MODES = ("approximate", "exact", "auto")
 
@@ -157,8 +164,9 @@ class ExactSync:
                 continue  # not synced yet, or another tier (CPU offload)
             elif isinstance(event, BlockStored):
                 added = model.store(
-                    event.block_hashes, event.parent_block_hash, event.token_ids, event.block_size
-                )
+                    event.block_hashes, event.parent_block_hash, event.token_ids,
+                    event.block_size, chain_seed(cache_salt_of(event)),
+                )  # fmt: skip
                 self.index.apply(url, added, ())
             elif isinstance(event, BlockRemoved):
                 self.index.apply(url, (), model.remove(event.block_hashes))

@@ -218,12 +218,16 @@ class BlockManager:
             if not last:
                 continue
             parent = req.block_hashes[run_start - 1] if run_start else None
+            extra = None  # vLLM: one entry per block; the salt is in the first block's
+            if req.cache_salt is not None and not run_start:
+                extra = [[req.cache_salt]] + [None] * (i - run_start)
             self._events.append(
                 BlockStored(
                     req.block_hashes[run_start : i + 1],
                     parent,
                     req.token_ids[run_start * bs : (i + 1) * bs],
                     bs,
+                    extra_keys=extra,
                 )
             )
             if k + 1 < len(indices):

@@ -117,7 +117,7 @@ class Engine:
             hashes = token_block_hashes(prompt_token_ids, self.profile.block_size, seed)
         except TypeError:
             raise ValueError("prompt_token_ids must be integers") from None
-        req = Request(request_id, prompt_token_ids, max_tokens, now, hashes, seed)
+        req = Request(request_id, prompt_token_ids, max_tokens, now, hashes, seed, cache_salt)
         self._requests[request_id] = req
         self.scheduler.add(req)
 

@@ -5,9 +5,14 @@ same); the HTTP simulator publishes them over ZMQ and the router decodes them wi
 ``decode_batch``. A batch on the wire is ``[ts, [event, ...]]`` with an optional
 trailing ``data_parallel_rank``. An event is either an array with its tag first
 (``["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id,
-medium]``; vLLM's default msgspec ``array_like`` tagged form) or a map with a ``"type"``
-key and the field names. Newer vLLM versions append more fields (``lora_name``,
-``extra_keys``, ``group_idx``, ...): the decoder ignores them.
+medium, lora_name, extra_keys]``; vLLM's default msgspec ``array_like`` tagged form) or
+a map with a ``"type"`` key and the field names. Older vLLM versions send fewer fields
+(the missing ones default), newer ones more (``group_idx``, ...: ignored).
+
+``extra_keys`` holds one entry per block (None, or a list of the block's extra hash
+keys: LoRA name, multimodal hashes, and ``cache_salt`` in the request's first block).
+``cache_salt_of`` reads the salt back, so the router can key a salted chain as its
+requests are keyed.
 
 Block hashes are integers. vLLM can also send 32-byte hashes; the decoder keeps their
 last 8 bytes as a big-endian unsigned integer, as llm-d does (it matches vLLM's
@@ -33,6 +38,26 @@ class BlockStored:
     block_size: int  # tokens per block
     lora_id: int | None = None  # LoRA adapter id, None for the base model
     medium: str | None = "GPU"  # cache tier ("GPU" or "CPU")
+    lora_name: str | None = None  # LoRA adapter name (newer vLLM)
+    extra_keys: list[Any] | None = None  # per block: None or its extra keys (newer vLLM)
+
+
+def cache_salt_of(event: BlockStored) -> str | None:
+    """The ``cache_salt`` of a chain that starts at the root (None: none, or not a root).
+
+    vLLM lists a block's extra keys in order: the LoRA name (when ``lora_name`` is set),
+    multimodal ``(identifier, offset)`` pairs, the salt (first block only), then prompt
+    embedding digests; so the salt is the first string after the LoRA name.
+    """
+    if event.parent_block_hash is not None or not event.extra_keys:
+        return None
+    first = event.extra_keys[0]
+    if not isinstance(first, list):
+        return None
+    strings = [x for x in first if isinstance(x, str)]
+    if event.lora_name is not None and strings[:1] == [event.lora_name]:
+        strings = strings[1:]
+    return strings[0] if strings else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +83,8 @@ _FIELDS: dict[str, tuple[str, ...]] = {
         "block_size",
         "lora_id",
         "medium",
+        "lora_name",
+        "extra_keys",
     ),
     "BlockRemoved": ("block_hashes", "medium"),
     "AllBlocksCleared": (),
@@ -115,6 +142,12 @@ def _int_list(value: Any, what: str) -> list[int]:
     return [_hash_of(v) for v in value] if what == "block_hashes" else [int(v) for v in value]
 
 
+def _extra_keys(value: Any) -> list[Any] | None:
+    if value is None or isinstance(value, list):
+        return value
+    raise ValueError(f"extra_keys must be a list or nil, got {type(value).__name__}")
+
+
 def _fields_of(raw: Any) -> tuple[str, dict[str, Any]]:
     """Tag and named fields of one wire event, array or map form."""
     if isinstance(raw, dict):
@@ -143,6 +176,8 @@ def _event_from_wire(raw: Any) -> KvEvent:
             int(f["block_size"]),
             f.get("lora_id"),
             f.get("medium", "GPU"),
+            f.get("lora_name"),
+            _extra_keys(f.get("extra_keys")),
         )
     except (KeyError, TypeError) as exc:
         raise ValueError(f"malformed {tag} event: {exc!r}") from None
@@ -167,6 +202,7 @@ __all__ = [
     "BlockRemoved",
     "BlockStored",
     "KvEvent",
+    "cache_salt_of",
     "decode_batch",
     "encode_batch",
 ]

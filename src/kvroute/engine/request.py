@@ -32,6 +32,7 @@ class Request:
         "arrival_time",
         "block_hashes",
         "block_table",
+        "cache_salt",
         "hash_seed",
         "max_tokens",
         "num_cached_blocks",
@@ -52,6 +53,7 @@ class Request:
         arrival_time: float,
         block_hashes: list[int],
         hash_seed: int,
+        cache_salt: str | None = None,
     ) -> None:
         self.request_id = request_id  # caller's id, unique among unfinished requests
         self.token_ids: list[int] = list(prompt_token_ids)  # prompt, then output tokens
@@ -63,6 +65,7 @@ class Request:
         self.block_table: list[int] = []  # KV block ids, in token order
         self.block_hashes = block_hashes  # chained hashes of the full blocks known so far
         self.hash_seed = hash_seed  # parent of the first block's hash (salt/extra keys)
+        self.cache_salt = cache_salt  # in the first block's extra keys of its KV events
         self.num_cached_blocks = 0  # leading blocks of block_table registered in the cache
         self.num_cached_tokens: int | None = None  # prefix hit at first scheduling, tokens
         self.num_preemptions = 0
