@@ -7,6 +7,8 @@ empties every engine's prefix cache, runs a shared-prefix chat workload with
 tokens, summed over the fleet). A subscriber per engine keeps the set of blocks the KV
 events say the engine holds; after each run it is compared with the router's view
 (``/admin/backends`` ``kvroute_backend_index_blocks``): in exact mode they must match.
+Last, a ``cache_salt`` check in exact mode: one system prompt salted, unsalted, salted
+again; only the third may hit in vLLM, and the router must predict exactly that.
 
 Run with the main venv (it has kvroute); the engines run from .venv-vllm:
 
@@ -27,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -289,6 +292,58 @@ def run_mode(
     return res
 
 
+@dataclass(slots=True)
+class SaltStep:
+    """One request of the cache_salt check."""
+
+    salt: str | None  # the request's cache_salt
+    decision: str  # the router's x-kvroute-decision
+    hit_tokens: int  # Δ vllm:prefix_cache_hits_total over the fleet for this request
+
+
+SALT_STEPS = (("tenant-a", "First question?"), (None, "Second question?"),
+              ("tenant-a", "Third question?"))  # fmt: skip
+
+
+def salt_check(engines: list[Proc], trackers: list[EventTracker], setup: RouterSetup) -> dict:
+    """Exact mode with vLLM's ``cache_salt``: the same system prompt salted, unsalted, then
+    salted again. vLLM mixes the salt into the first block (and names it in the event's
+    extra keys), so only the third may hit; the router must predict exactly that."""
+    cold_start(engines, trackers)
+    router = start_router("exact", engines, setup)
+    system = " ".join(f"rule {i} of the salted tenant is to answer briefly." for i in range(60))
+    steps: list[SaltStep] = []
+    try:
+        wait_router_ready(router, len(engines))
+        for salt, question in SALT_STEPS:
+            body: dict[str, Any] = {
+                "model": "tiny",
+                "messages": [{"role": "system", "content": system},
+                             {"role": "user", "content": question}],
+                "max_tokens": 2,
+            }  # fmt: skip
+            if salt is not None:
+                body["cache_salt"] = salt
+            before = [engine_counters(e.url).prefix_cache_hits for e in engines]
+            req = urllib.request.Request(
+                f"{router.url}/v1/chat/completions", json.dumps(body).encode(),
+                {"Content-Type": "application/json"},
+            )  # fmt: skip
+            with urllib.request.urlopen(req, timeout=60) as resp:
+                decision = resp.headers.get("x-kvroute-decision", "")
+                resp.read()
+            after = [engine_counters(e.url).prefix_cache_hits for e in engines]
+            hits = int(sum(a - b for a, b in zip(after, before, strict=True)))
+            steps.append(SaltStep(salt, decision, hits))
+            time.sleep(SETTLE_S)  # events in, speculative credit (3 s TTL) gone
+    finally:
+        stop(router)
+    decisions = [st.decision for st in steps]
+    hit = [st.hit_tokens > 0 for st in steps]
+    ok = decisions == ["cold", "cold", "prefix"] and hit == [False, False, True]
+    return {"ok": ok, "steps": [asdict(st) for st in steps]}
+
+
 def ensure_model(venv: Path, model_dir: Path) -> None:
     if (model_dir / "tokenizer.json").exists():
         return
@@ -296,8 +351,10 @@ def ensure_model(venv: Path, model_dir: Path) -> None:
     subprocess.run([str(venv / "bin" / "python"), str(script), "--out", str(model_dir)], check=True)
 
 
-def run_all(args: argparse.Namespace, wl: Workload, run_dir: Path) -> list[ModeResult]:
-    """Start the engines once, run every mode, stop everything."""
+def run_all(
+    args: argparse.Namespace, wl: Workload, run_dir: Path
+) -> tuple[list[ModeResult], dict | None]:
+    """Start the engines once, run every mode (and the salt check), stop everything."""
     opts = VllmOptions(
         venv=args.venv,
         model_dir=args.model_dir,
@@ -308,6 +365,7 @@ def run_all(args: argparse.Namespace, wl: Workload, run_dir: Path) -> list[ModeR
     engines: list[Proc] = []
     trackers: list[EventTracker] = []
     results: list[ModeResult] = []
+    salt: dict | None = None
     try:
         engines = [start_vllm(i, opts, run_dir) for i in range(args.servers)]
         trackers = [EventTracker(e.kv_endpoint or "") for e in engines]
@@ -332,12 +390,18 @@ def run_all(args: argparse.Namespace, wl: Workload, run_dir: Path) -> list[ModeR
                 results.append(run_mode(mode, engines, trackers, wl, setup))
             except RuntimeError as exc:
                 results.append(ModeResult(mode, f"error: {exc}"))
+        if "exact" in args.modes and not exact_missing and not args.skip_salt_check:
+            print("cache_salt check (exact mode) ...", flush=True)
+            try:
+                salt = salt_check(engines, trackers, setup)
+            except (RuntimeError, OSError) as exc:
+                salt = {"ok": False, "error": str(exc), "steps": []}
     finally:
         for t in trackers:
             t.stop()
         for e in engines:
             stop(e)
-    return results
+    return results, salt
 
 
 def _pct(x: float | None) -> str:
@@ -391,6 +455,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--startup-timeout", type=float, default=400.0, help="seconds")
     ap.add_argument("--json", type=Path, help="write the results here")
     ap.add_argument("--keep-logs", action="store_true", help="keep the run folder")
+    ap.add_argument("--skip-salt-check", action="store_true", help="no cache_salt check")
     args = ap.parse_args(argv)
     unknown = set(args.modes) - set(MODES)
     if unknown:
@@ -413,13 +478,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     run_dir = Path(tempfile.mkdtemp(prefix="kvroute-vllm-"))
     print(f"logs in {run_dir}", flush=True)
-    results = run_all(args, wl, run_dir)
+    results, salt = run_all(args, wl, run_dir)
     print(format_table(results))
-    if args.json:
-        args.json.write_text(
-            json.dumps({"workload": asdict(wl), "results": [asdict(r) for r in results]}, indent=1)
+    if salt is not None:
+        steps = "; ".join(
+            f"{st['salt'] or 'no salt'}: {st['decision']}, {st['hit_tokens']} hit tokens"
+            for st in salt["steps"]
         )
+        print(f"\ncache_salt check: {'ok' if salt['ok'] else 'FAILED'} ({steps or salt})")
+    if args.json:
+        doc = {"workload": asdict(wl), "results": [asdict(r) for r in results], "salt": salt}
+        args.json.write_text(json.dumps(doc, indent=1))
     ok = all(r.status == "ok" or r.status.startswith("TODO") for r in results)
+    ok = ok and (salt is None or salt["ok"])
     if ok and not args.keep_logs:
         shutil.rmtree(run_dir, ignore_errors=True)
     else:

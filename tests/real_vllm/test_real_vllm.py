@@ -3,7 +3,8 @@
 Runs scripts/real_vllm/e2e.py once at a small size (two engines, 80 requests per mode)
 and checks what the engines' own counters say: routing by prefix gets a higher
 prefix-cache hit rate than round-robin, nothing fails, and in exact mode the router's
-view of each engine equals what that engine's KV events say it holds.
+view of each engine equals what that engine's KV events say it holds, and a salted
+request is predicted (and gets) a hit only after a request with the same ``cache_salt``.
 """
 
 from __future__ import annotations
@@ -24,14 +25,20 @@ pytestmark = pytest.mark.real_vllm
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
-    """mode -> ModeResult as JSON, from one e2e run (engines start once: minutes)."""
+def e2e(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The JSON of one e2e run (engines start once: minutes)."""
     out = tmp_path_factory.mktemp("real_vllm") / "e2e.json"
     argv = [sys.executable, str(E2E), "--requests", str(REQUESTS), "--json", str(out)]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=1400, check=False)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     print(done.stdout)
-    return {r["mode"]: r for r in json.loads(out.read_text())["results"]}
+    return dict(json.loads(out.read_text()))
+
+
+@pytest.fixture(scope="module")
+def results(e2e: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """mode -> ModeResult as JSON."""
+    return {r["mode"]: r for r in e2e["results"]}
 
 
 def _assert_clean(r: dict[str, Any]) -> None:
@@ -57,3 +64,16 @@ def test_exact_mode_matches_engine_events(results: dict[str, dict[str, Any]]) ->
     _assert_clean(exact)
     assert exact["hit_rate"] > rr["hit_rate"]
     assert exact["view_matches_events"], exact["engines"]
+
+
+@pytest.mark.timeout(1500)
+def test_cache_salt_is_keyed_as_vllm_keys_it(e2e: dict[str, Any]) -> None:
+    salt = e2e["salt"]
+    if salt is None:
+        pytest.skip("exact mode did not run")
+    steps = [(st["salt"], st["decision"], st["hit_tokens"] > 0) for st in salt["steps"]]
+    assert steps == [
+        ("tenant-a", "cold", False),
+        (None, "cold", False),  # same system prompt, no salt: vLLM misses, so must we
+        ("tenant-a", "prefix", True),
+    ]
