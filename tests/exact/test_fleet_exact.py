@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvroute.core.fleet import FleetConfig
+from kvroute.core.keys import chain_seed, token_block_hashes
 from kvroute.core.kv_sync import KvOutcome
 from kvroute.engine.kv_events import (
     AllBlocksCleared,
@@ -244,3 +245,19 @@ def test_cpu_tier_events_are_ignored():
     cpu = BlockStored(e.block_hashes, None, e.token_ids, BS, medium="CPU")
     fleet.apply_kv_batch(A, 0, 1.0, [cpu], 0.0)
     assert matched(fleet, A, ids) == 0
+
+
+def test_salted_and_adapter_blocks_are_keyed_as_their_requests_are():
+    """vLLM names the salt (first block) and the LoRA adapter in a BlockStored: the view
+    keys those chains from ``chain_seed(salt, adapter)``, as the proxy keys the requests."""
+    fleet = exact_fleet()
+    ids = tokens((1, 3))
+    salted = BlockStored([91, 92, 93], None, ids, BS, extra_keys=[["t1"], None, None])
+    adapter = BlockStored([81, 82, 83], None, ids, BS, lora_name="ad",
+                          extra_keys=[["ad"], ["ad"], ["ad"]])  # fmt: skip
+    fleet.apply_kv_batch(A, 0, 1.0, [salted, adapter], 0.0)
+    for seed in (chain_seed("t1"), chain_seed(None, "ad")):
+        keys = token_block_hashes(ids, BS, seed)
+        assert fleet.index.holders(keys[-1]) == {A}
+    assert fleet.index.holders(router_keys(ids)[0]) == set()  # no plain chain was stored
+    fleet.check_invariants()

@@ -21,6 +21,7 @@ from aiohttp.test_utils import TestServer
 class FakeState:
     name: str
     model: str = "m1"
+    adapters: tuple[str, ...] = ()  # LoRA adapters of ``model`` it also serves
     fail_status: int | None = None  # answer completions with this status
     health_status: int = 200
     stall_s: float = 0.0  # sleep before answering
@@ -58,7 +59,7 @@ def make_fake_app(state: FakeState) -> web.Application:
                     {"error": {"message": "fault", "type": "x", "code": state.fail_status}},
                     status=state.fail_status,
                 )
-            if body.get("model") not in (None, state.model):
+            if body.get("model") not in (None, state.model, *state.adapters):
                 return web.json_response({"error": {"message": "no such model"}}, status=404)
             if not body.get("stream"):
                 return web.json_response(answer(state, body), headers={"x-backend": state.name})
@@ -85,9 +86,9 @@ def make_fake_app(state: FakeState) -> web.Application:
         return resp
 
     async def models(request: web.Request) -> web.Response:
-        return web.json_response(
-            {"object": "list", "data": [{"id": state.model, "object": "model"}]}
-        )
+        cards = [{"id": state.model, "object": "model", "parent": None}]
+        cards += [{"id": a, "object": "model", "parent": state.model} for a in state.adapters]
+        return web.json_response({"object": "list", "data": cards})
 
     async def health(request: web.Request) -> web.Response:
         return web.Response(status=state.health_status)

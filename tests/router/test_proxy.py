@@ -105,3 +105,27 @@ async def test_backend_4xx_passed_through_not_retried(harness: Harness) -> None:
     resp = await client.post("/v1/completions", data=BODY)
     assert resp.status == 400
     assert len(b.state.requests) == 1
+
+
+async def test_a_lora_adapter_never_shares_prefix_keys_with_its_base_model(
+    harness: Harness,
+) -> None:
+    """vLLM keys an adapter's KV blocks with its name: a prompt cached for the adapter is
+    no hit for the base model (and the other way round), so the router keys them apart."""
+    backends = [await harness.backend(n) for n in ("a", "b")]
+    for b in backends:
+        b.state.adapters = ("sql-lora",)
+    client = await harness.router([b.url for b in backends], policy="prefix")
+    prompt = "You translate questions into SQL for the sales schema. " * 12
+
+    async def decision(model: str, question: str) -> str:
+        body = {"model": model, "prompt": prompt + question, "max_tokens": 2}
+        resp = await client.post("/v1/completions", json=body)
+        assert resp.status == 200
+        return resp.headers["x-kvroute-decision"]
+
+    assert harness.state(client).backends.adapters == {"sql-lora"}
+    assert await decision("sql-lora", "one") == "cold"
+    assert await decision("m1", "two") == "cold"  # same text, base model: other keys
+    assert await decision("sql-lora", "three") == "prefix"
+    assert await decision("m1", "four") == "prefix"

@@ -73,12 +73,12 @@ def prompt_of(body: dict[str, Any], chat: bool) -> Prompt:
     raise PromptError("'prompt' must be a string, a list of strings or a list of token ids")
 
 
-def chain_seed(cache_salt: str | None = None, lora_id: int | None = None) -> int:
-    """The root of a request's key chain: requests with different salts or adapters
+def chain_seed(cache_salt: str | None = None, lora: str | int | None = None) -> int:
+    """The root of a request's key chain: requests with different salts or LoRA adapters
     never share KV (vLLM's extra keys); ``ROOT_SEED`` for a plain request."""
-    if cache_salt is None and lora_id is None:
+    if cache_salt is None and lora is None:
         return ROOT_SEED
-    key = f"{cache_salt or ''}\x00{lora_id if lora_id is not None else ''}".encode()
+    key = f"{cache_salt or ''}\x00{lora if lora is not None else ''}".encode()
     return xxhash.xxh3_64_intdigest(key, ROOT_SEED)
 
 

@@ -165,7 +165,7 @@ class ExactSync:
             elif isinstance(event, BlockStored):
                 added = model.store(
                     event.block_hashes, event.parent_block_hash, event.token_ids,
-                    event.block_size, chain_seed(cache_salt_of(event)),
+                    event.block_size, chain_seed(cache_salt_of(event), event.lora_name),
                 )  # fmt: skip
                 self.index.apply(url, added, ())
             elif isinstance(event, BlockRemoved):

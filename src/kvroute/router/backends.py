@@ -52,6 +52,7 @@ class BackendRuntime:
     probe_successes: int = 0  # consecutive good probes
     models: tuple[str, ...] = ()  # ids from /v1/models, empty until discovered
     model_cards: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> card
+    adapters: frozenset[str] = frozenset()  # ids whose card names a "parent" (LoRA)
     draining: bool = False  # takes no new requests; in-flight ones finish
     routable: bool = False  # what the Fleet was last told via set_healthy
     last_error: str | None = None  # last probe or request failure, for the status page
@@ -84,6 +85,7 @@ class Backends:
         self._by_url: dict[str, BackendRuntime] = {}
         self._model_refs: dict[str, int] = {}  # model -> number of backends listing it
         self._num_unlisted = 0  # backends whose model list is unknown (serve anything)
+        self.adapters: frozenset[str] = frozenset()  # LoRA adapter ids of any backend
         self._timers: dict[str, Any] = {}  # url -> pending half-open re-check
         self.num_routable = 0
 
@@ -122,6 +124,7 @@ class Backends:
         if timer is not None:
             timer.cancel()
         self._set_models(rt, ())
+        self._set_adapters(rt, frozenset())
         self._num_unlisted -= 1
         if rt.routable:
             self.num_routable -= 1
@@ -223,6 +226,15 @@ class Backends:
             return
         rt.model_cards = {str(c["id"]): c for c in cards if isinstance(c, dict) and "id" in c}
         self._set_models(rt, tuple(sorted(rt.model_cards)))
+        self._set_adapters(rt, frozenset(m for m, c in rt.model_cards.items() if c.get("parent")))
+
+    def _set_adapters(self, rt: BackendRuntime, adapters: frozenset[str]) -> None:
+        """vLLM lists a LoRA adapter with its base model as "parent"; its KV never mixes
+        with the base model's (the engine keys its blocks with the adapter's name)."""
+        if adapters == rt.adapters:
+            return
+        rt.adapters = adapters
+        self.adapters = frozenset().union(*(r.adapters for r in self._by_url.values()))
 
     def _set_models(self, rt: BackendRuntime, models: tuple[str, ...]) -> None:
         if models == rt.models:

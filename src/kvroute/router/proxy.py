@@ -114,7 +114,9 @@ def _route_keys(
     events (exact keys), else text keys and a token estimate."""
     fleet = state.fleet
     bs = fleet.block_size_for(model)
-    seed = chain_seed(salt_of(body))  # a salted request shares cache only with its salt
+    # a salted request shares cache only with its salt, an adapter's only with itself
+    lora = model if model is not None and model in state.backends.adapters else None
+    seed = chain_seed(salt_of(body), lora)
     if fleet.key_kind_for(model) != "tokens":
         return prompt_block_hashes(prompt, bs, seed), prompt.num_tokens_estimate
     tokenizer = state.tokenizer_for(model)
