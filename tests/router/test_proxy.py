@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+from typing import Any
+
 import aiohttp
 
 from tests.router.conftest import Harness
@@ -129,3 +132,31 @@ async def test_a_lora_adapter_never_shares_prefix_keys_with_its_base_model(
     assert await decision("m1", "two") == "cold"  # same text, base model: other keys
     assert await decision("sql-lora", "three") == "prefix"
     assert await decision("m1", "four") == "prefix"
+
+
+class _RecordingTokenizer:
+    """A real-model tokenizer stand-in: records the thread each call ran on."""
+
+    off_loop = True
+
+    def __init__(self) -> None:
+        self.threads: list[str] = []
+
+    def token_ids(self, body: dict[str, Any], chat: bool) -> list[int]:
+        self.threads.append(threading.current_thread().name)
+        return [7] * (len(body["prompt"]) // 4)
+
+
+async def test_a_real_tokenizer_runs_off_the_event_loop_for_long_prompts(
+    harness: Harness,
+) -> None:
+    b = await harness.backend("a")
+    client = await harness.router([b.url], policy="prefix", mode="exact")
+    tokenizer = _RecordingTokenizer()
+    harness.state(client).model_to_tokenizer["m1"] = tokenizer
+    loop_thread = threading.current_thread().name
+    for prompt in ("short prompt", "long prompt " * 2_000):
+        resp = await client.post("/v1/completions", json={"model": "m1", "prompt": prompt})
+        assert resp.status == 200
+    assert tokenizer.threads[0] == loop_thread  # a thread hop costs more than it saves
+    assert tokenizer.threads[1] != loop_thread

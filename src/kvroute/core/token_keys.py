@@ -20,7 +20,13 @@ from kvroute.core.tokenizer import default_tokenizer
 
 
 class PromptTokenizer(Protocol):
-    """Token ids of a request body's prompt, as the engine computes them."""
+    """Token ids of a request body's prompt, as the engine computes them.
+
+    ``off_loop``: ``token_ids`` releases the GIL for the long part of its work, so the
+    router runs it in a thread for long prompts and keeps serving meanwhile.
+    """
+
+    off_loop: bool
 
     def token_ids(self, body: dict[str, Any], chat: bool) -> list[int]:
         """Raises ``PromptError`` (a ValueError) when the body has no readable prompt."""
@@ -29,6 +35,8 @@ class PromptTokenizer(Protocol):
 
 class BuiltinPromptTokenizer:
     """The simulator's tokenization: chat rendered by ``render_chat``, the built-in vocab."""
+
+    off_loop = False  # pure Python: a thread would hold the GIL all the same
 
     def token_ids(self, body: dict[str, Any], chat: bool) -> list[int]:
         return prompt_token_ids(prompt_of(body, chat))

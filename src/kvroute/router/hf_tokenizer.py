@@ -6,6 +6,11 @@ ImportError naming them otherwise). It mirrors what vLLM does with a
 tokenizer's post-processor may add BOS); a chat is rendered with the model's
 ``chat_template`` (``add_generation_prompt=True``) and encoded without special tokens,
 since the template writes them. Token-id prompts pass through unchanged.
+
+Encoding goes through ``encode_batch``, which releases the GIL (``encode`` holds it), so
+the proxy can tokenize a long prompt in a thread while its event loop keeps serving:
+about 6 ms for 4,400 tokens with a small BPE here, long enough to stall every other
+request of the worker.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ class TokenizerSpec:
 class HfPromptTokenizer:
     """``PromptTokenizer`` over a HuggingFace ``tokenizers`` file and a chat template."""
 
+    off_loop = True
+
     def __init__(self, tokenizer: Any, chat_template: str | None, special: dict[str, str]):
         self._tokenizer = tokenizer
         self._template: Any = None
@@ -47,7 +54,7 @@ class HfPromptTokenizer:
         prompt = prompt_of(body, chat=False)
         if prompt.token_ids is not None:
             return list(prompt.token_ids)
-        return list(self._tokenizer.encode(prompt.text, add_special_tokens=True).ids)
+        return self._encode(prompt.text, add_special_tokens=True)
 
     def _chat_ids(self, body: dict[str, Any]) -> list[int]:
         messages = body.get("messages")
@@ -58,7 +65,11 @@ class HfPromptTokenizer:
         text = self._template.render(
             messages=messages, tools=body.get("tools"), add_generation_prompt=True, **self._special
         )
-        return list(self._tokenizer.encode(text, add_special_tokens=False).ids)
+        return self._encode(text, add_special_tokens=False)
+
+    def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        batch = self._tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)
+        return list(batch[0].ids)
 
 
 def load_tokenizer(path: str | pathlib.Path) -> HfPromptTokenizer:

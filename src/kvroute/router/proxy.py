@@ -34,6 +34,8 @@ from kvroute.router.upstream import AttemptFailed, open_upstream
 
 log = logging.getLogger("kvroute.router.requests")
 CHAT_PATH = "/v1/chat/completions"
+# below this body size a thread hop (~50-100 us) costs more than tokenizing in place
+OFF_LOOP_MIN_BYTES = 8_192
 COMPLETIONS_PATH = "/v1/completions"
 
 
@@ -58,7 +60,7 @@ async def _handle(request: web.Request, path: str, *, chat: bool) -> web.StreamR
     try:
         raw = await _read_body(request, state.config.limits.max_body_bytes)
         t0 = state.clock()
-        route_req = _route_request(state, request, raw, chat=chat)
+        route_req = await _route_request(state, request, raw, chat=chat)
         state.metrics.decision.observe(state.clock() - t0)
         return await _forward(state, request, route_req, raw, path)
     except asyncio.CancelledError:
@@ -79,7 +81,7 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
         raise PayloadTooLarge(f"request body exceeds the {limit}-byte limit") from None
 
 
-def _route_request(
+async def _route_request(
     state: RouterState, request: web.Request, raw: bytes, *, chat: bool
 ) -> RouteRequest:
     parsed, body = parse_completion_body(raw, chat=chat)
@@ -97,7 +99,7 @@ def _route_request(
             request.remote, request.headers.get("X-Forwarded-For"), state.config.trusted_proxies
         )
         log.info("request %s from %s model %s prompt %r", rid, client, model, parsed.prompt)
-    hashes, num_tokens = _route_keys(state, model, parsed.prompt, body, chat)
+    hashes, num_tokens = await _route_keys(state, model, parsed.prompt, body, chat, len(raw))
     return RouteRequest(
         request_id=rid,
         model=model,
@@ -107,11 +109,17 @@ def _route_request(
     )
 
 
-def _route_keys(
-    state: RouterState, model: str | None, prompt: Prompt, body: dict[str, Any], chat: bool
+async def _route_keys(
+    state: RouterState,
+    model: str | None,
+    prompt: Prompt,
+    body: dict[str, Any],
+    chat: bool,
+    body_bytes: int,
 ) -> tuple[list[int], int]:
     """(block keys, prompt tokens): the engine's token ids while the model is routed on KV
-    events (exact keys), else text keys and a token estimate."""
+    events (exact keys), else text keys and a token estimate. A real model's tokenizer
+    runs in a thread for long bodies (milliseconds of Rust that release the GIL)."""
     fleet = state.fleet
     bs = fleet.block_size_for(model)
     # a salted request shares cache only with its salt, an adapter's only with itself
@@ -123,6 +131,8 @@ def _route_keys(
     try:
         if tokenizer is BUILTIN_TOKENIZER:
             ids = prompt_token_ids(prompt)  # the body is parsed already
+        elif tokenizer.off_loop and body_bytes >= OFF_LOOP_MIN_BYTES:
+            ids = await asyncio.to_thread(tokenizer.token_ids, body, chat)
         else:
             ids = tokenizer.token_ids(body, chat)
     except PromptError as exc:

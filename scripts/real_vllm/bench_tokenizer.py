@@ -1,0 +1,62 @@
+"""Router throughput in exact mode with a real model's tokenizer (no engine needed).
+
+Exact mode tokenizes every prompt with the model's ``tokenizer.json`` and chat template.
+For a 4,400-token chat that is milliseconds of Rust per request; the proxy runs it in a
+thread (``encode_batch`` releases the GIL) so the worker keeps serving meanwhile. This
+puts ``kvroute serve --mode exact --tokenizer m=DIR`` in front of bare backends (a
+canned answer, no engine) and drives it with wrk and ranvier-stress chat bodies.
+
+    scripts/real_vllm/setup.sh        # once: .venv-vllm with the tiny model's tokenizer
+    .venv/bin/python scripts/real_vllm/bench_tokenizer.py [--model-dir DIR] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import shutil
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "scripts"))
+
+import bench_workers as bw  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model-dir", type=Path, default=REPO / ".venv-vllm" / "models" / "tiny")
+    ap.add_argument("--backends", type=int, default=4)
+    ap.add_argument("--connections", type=int, default=32)
+    ap.add_argument("--duration", type=float, default=10.0, help="seconds per round")
+    ap.add_argument("--rounds", type=int, default=2)
+    args = ap.parse_args()
+    if not (args.model_dir / "tokenizer.json").is_file():
+        ap.error(f"no tokenizer.json in {args.model_dir}: run scripts/real_vllm/setup.sh")
+    if shutil.which("wrk") is None:
+        ap.error("needs wrk (apt install wrk)")
+    print(f"exact mode, tokenizer {args.model_dir}, {args.backends} bare backends, wrk "
+          f"-c{args.connections}, ranvier-stress chats, {args.duration:g} s per round")  # fmt: skip
+    with bw.minimal_fleet(args.backends) as urls:
+        bodies = bw.request_bodies("ranvier-stress", "m")
+        cmd = [*bw.KVROUTE, "serve", "--port", "0", "--policy", "prefix", "--mode", "exact",
+               "--tokenizer", f"m={args.model_dir}", "--log-level", "WARNING"]  # fmt: skip
+        for url in urls:
+            cmd += ["--backend", url]
+        for k in range(args.rounds):
+            with bw.process(cmd) as (proc, lines):
+                url = re.search(r"http://\S+", bw.wait_line(lines, r"listening on")).group(0)  # type: ignore[union-attr]
+                bw.wait_http(url + "/health")
+                asyncio.run(bw._client(url, 8, 1.0, 99, bodies))  # warm-up
+                cpu0 = bw.cpu_seconds_tree(proc.pid)
+                rps, p50, n = bw._wrk(url, args.connections, args.duration, bodies)
+                cpu_us = (bw.cpu_seconds_tree(proc.pid) - cpu0) / max(1, n) * 1e6
+            print(f"round {k + 1}: {rps:.0f} req/s, p50 {p50:.1f} ms, "
+                  f"router CPU {cpu_us:.0f} us/request", flush=True)  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
