@@ -88,16 +88,12 @@ class Tokenizer:
         return token_id
 
     def encode(self, text: str) -> list[int]:
-        pieces = _PIECE.findall(text)
-        # One C-level pass over the known pieces (the router's exact-mode request path
-        # runs this: about 4x faster than a Python loop); new pieces are interned after.
-        ids: list[int | None] = list(map(self._piece_to_id.get, pieces))
-        if None in ids:
-            for i, token_id in enumerate(ids):
-                if token_id is None:
-                    known = self._piece_to_id.get(pieces[i])
-                    ids[i] = self._intern(pieces[i]) if known is None else known
-        return ids  # type: ignore[return-value]  # no None left
+        lookup = self._piece_to_id.get
+        ids = []
+        for piece in _PIECE.findall(text):
+            token_id = lookup(piece)
+            ids.append(self._intern(piece) if token_id is None else token_id)
+        return ids
 
     def count(self, text: str) -> int:
         """Number of tokens of ``text``, without building the id list."""
