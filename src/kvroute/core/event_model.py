@@ -7,8 +7,8 @@ own chained key for each block (``token_block_hashes`` seeded with the parent's 
 key) and remembers engine hash -> router key. ``BlockRemoved`` maps back through that
 table (llm-d's "dual key" design). A store whose parent the router never saw cannot be
 keyed and is dropped (counted in ``num_orphans``). A chain at the root starts from
-``ROOT_SEED``, or from the request's ``chain_seed(cache_salt)`` when the event's extra
-keys carry a salt, as the router keys salted requests.
+``ROOT_SEED``, or from ``chain_seed(salt, adapter)`` when the event's extra keys carry a
+``cache_salt`` or it names a LoRA adapter, as the router keys such requests.
 
 Speculative entries close the blind window between dispatch and the engine's first
 ``BlockStored``: the chosen backend is credited with the request's keys at once; an event
@@ -128,7 +128,8 @@ class EventCacheModel(CacheModel):
     ) -> list[int]:
         """A ``BlockStored``: map each block to its router key; returns keys now visible.
 
-        ``seed`` roots a chain that starts at the root (``chain_seed`` of its salt)."""
+        ``seed`` roots a chain that starts at the root (``chain_seed`` of its salt and
+        adapter)."""
         if parent_engine_hash is None:
             parent: int | None = seed
             self._seeds.add(seed)
