@@ -8,6 +8,7 @@ slot, and no asyncio task may be left pending.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
@@ -18,6 +19,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from kvroute.router.app import make_app
 from kvroute.router.config import BackendConfig, HealthConfig, LimitConfig, RouterConfig
 from kvroute.router.state import STATE, RouterState
+from tests.conftest import until
 from tests.router.fake_backend import FakeBackend
 
 
@@ -70,11 +72,10 @@ class Harness:
         return client.app[STATE]  # type: ignore[index]
 
     async def settle(self) -> None:
-        """Let handlers that are finishing (cancelled streams) run their finally blocks."""
-        for _ in range(20):
-            await asyncio.sleep(0.01)
-            if all(self.state(c).num_in_flight == 0 for c in self.clients):
-                return
+        """Let handlers that are finishing (cancelled streams) run their finally blocks
+        (up to 5 s; what is still counted then is the caller's assertion to report)."""
+        with contextlib.suppress(AssertionError):
+            await until(lambda: all(self.state(c).num_in_flight == 0 for c in self.clients), 5.0)
 
 
 def assert_no_load(state: RouterState) -> None:

@@ -6,6 +6,7 @@ import asyncio
 
 import aiohttp
 
+from tests.conftest import until
 from tests.router.conftest import Harness
 
 ADMIN = "admin-key-123"
@@ -71,7 +72,7 @@ async def test_drain_stops_new_requests_and_lets_in_flight_finish(harness: Harne
     a.state.stall_s = b.state.stall_s = 0.2
     client = await harness.router([a.url, b.url], admin_key=ADMIN)
     in_flight = asyncio.ensure_future(client.post("/v1/completions", data=BODY))
-    await asyncio.sleep(0.05)
+    await until(lambda: a.state.num_active + b.state.num_active == 1)
     busy, other = (a, b) if a.state.num_active else (b, a)
     a.state.stall_s = b.state.stall_s = 0.0
     resp = await client.post("/admin/backends/drain", json={"url": busy.url}, headers=_admin())
@@ -107,7 +108,7 @@ async def test_graceful_shutdown_finishes_in_flight_requests(harness: Harness) -
     host, port = runner.addresses[0][:2]
     async with aiohttp.ClientSession() as s:
         pending = asyncio.ensure_future(s.post(f"http://{host}:{port}/v1/completions", data=BODY))
-        await asyncio.sleep(0.1)
+        await until(lambda: b.state.num_active == 1)
         await runner.cleanup()  # stop listening, wait for in-flight requests, then close
         resp = await pending
         assert resp.status == 200

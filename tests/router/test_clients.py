@@ -9,6 +9,7 @@ import pytest
 from kvroute.router.clients import ClientGate, client_address
 from kvroute.router.config import ClientKey
 from kvroute.router.errors import RateLimited, Unauthorized
+from tests.conftest import until
 from tests.router.conftest import FakeClock, Harness
 
 BODY = b'{"model": "m1", "prompt": "x"}'
@@ -53,7 +54,7 @@ async def test_concurrency_limit_429_with_retry_after(harness: Harness) -> None:
         [b.url], client_keys=(ClientKey(name="t", key=KEY, max_concurrency=1),)
     )
     first = asyncio.ensure_future(client.post("/v1/completions", data=BODY, headers=_auth(KEY)))
-    await asyncio.sleep(0.1)
+    await until(lambda: b.state.num_active == 1)
     second = await client.post("/v1/completions", data=BODY, headers=_auth(KEY))
     assert second.status == 429
     assert second.headers["Retry-After"] == "1"

@@ -137,7 +137,7 @@ async def test_burst_with_a_cached_prefix_lands_on_its_holder(sims: SimFleet) ->
         assert {r.headers["x-kvroute-decision"] for r in responses} == {"prefix"}
         assert state.fleet.key_kind_for("tiny") == "tokens"
     finally:
-        await asyncio.sleep(0.05)
+        await until(lambda: state.num_in_flight == 0)
         assert_no_load(state)
         await client.close()
 

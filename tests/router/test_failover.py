@@ -124,7 +124,7 @@ async def test_stream_idle_gap_timeout_ends_with_sse_error(harness: Harness) -> 
     text = (await resp.read()).decode()
     assert '"code":504' in text
     assert text.endswith("data: [DONE]\n\n")
-    await asyncio.sleep(0.05)
+    await until(lambda: b.state.num_aborted > 0)
     assert b.state.num_aborted == 1  # the stalled upstream was cancelled
 
 
@@ -137,6 +137,19 @@ class _Tripping:
     state: RouterState
     bad: FakeBackend
     rt: BackendRuntime
+
+    async def trip(self, num_requests: int) -> int:
+        """Send requests (all answered by failover) until the bad backend's circuit is
+        open; returns how many reached it."""
+        for _ in range(num_requests):
+            assert (await self.client.post("/v1/completions", data=BODY)).status == 200
+        assert self.rt.breaker.state is CircuitState.OPEN
+        return len(self.bad.state.requests)
+
+    def wait_out(self, seconds: float) -> None:
+        """Let ``seconds`` pass on the fake clock and the health loop notice."""
+        self.clock.advance(seconds)
+        self.state.backends.refresh()
 
 
 async def _tripping(harness: Harness, breaker: BreakerConfig) -> _Tripping:
@@ -155,17 +168,13 @@ async def test_circuit_opens_then_half_opens_then_closes(harness: Harness) -> No
     t = await _tripping(
         harness, BreakerConfig(failure_threshold=2, open_s=10.0, half_open_successes=1)
     )
-    client, state, bad, rt = t.client, t.state, t.bad, t.rt
-    for _ in range(6):
-        assert (await client.post("/v1/completions", data=BODY)).status == 200
-    assert rt.breaker.state is CircuitState.OPEN
-    tried = len(bad.state.requests)
+    client, bad, rt = t.client, t.bad, t.rt
+    tried = await t.trip(6)
     assert tried == 2
     for _ in range(4):
         await client.post("/v1/completions", data=BODY)
     assert len(bad.state.requests) == tried  # open: no traffic
-    t.clock.advance(11.0)
-    state.backends.refresh()
+    t.wait_out(11.0)
     assert rt.breaker.state is CircuitState.HALF_OPEN
     bad.state.fail_status = None  # recovered
     for _ in range(4):
@@ -214,17 +223,10 @@ async def test_client_disconnect_before_first_byte_cancels_upstream(harness: Har
     url = client.make_url("/v1/completions")
     async with aiohttp.ClientSession() as s:
         task = asyncio.ensure_future(s.post(url, data=BODY))
-        for _ in range(50):
-            await asyncio.sleep(0.01)
-            if b.state.num_active:
-                break
+        await until(lambda: b.state.num_active > 0)
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
-    for _ in range(50):
-        await asyncio.sleep(0.01)
-        if not b.state.num_active:
-            break
-    assert b.state.num_active == 0  # the backend saw the disconnect and stopped
+    await until(lambda: b.state.num_active == 0)  # the backend saw the disconnect, stopped
 
 
 async def test_half_open_sends_one_trial_at_a_time(harness: Harness) -> None:
@@ -233,12 +235,8 @@ async def test_half_open_sends_one_trial_at_a_time(harness: Harness) -> None:
         harness, BreakerConfig(failure_threshold=1, open_s=5.0, half_open_successes=1)
     )
     client, state, bad, rt = t.client, t.state, t.bad, t.rt
-    for _ in range(3):
-        assert (await client.post("/v1/completions", data=BODY)).status == 200
-    assert rt.breaker.state is CircuitState.OPEN
-    before = len(bad.state.requests)
-    t.clock.advance(6.0)
-    state.backends.refresh()
+    before = await t.trip(3)
+    t.wait_out(6.0)
     bad.state.fail_status = None
     bad.state.stall_s = 0.3  # recovered, but slow: the trial stays in flight a while
     statuses = await asyncio.gather(
