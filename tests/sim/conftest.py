@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 
 import pytest
 
 from kvroute.sim.server import SimFleet, start_fleet
+from tests.conftest import until
 
 
 @pytest.fixture
@@ -17,10 +18,8 @@ async def fleet() -> AsyncIterator[SimFleet]:
     try:
         yield f
         for backend in f.backends:  # every request finished or was aborted
-            for _ in range(200):
-                if not backend.engine.has_unfinished_requests():
-                    break
-                await asyncio.sleep(0.01)
+            with contextlib.suppress(AssertionError):
+                await until(lambda b=backend: not b.engine.has_unfinished_requests())
             assert not backend.engine.has_unfinished_requests(), "a request leaked"
             assert backend.engine.stats.kv_cache_usage == 0, "blocks leaked"
     finally:

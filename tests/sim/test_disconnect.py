@@ -6,14 +6,12 @@ import asyncio
 
 import aiohttp
 
+from tests.conftest import until
 from tests.sim.helpers import long_prompt, scrape
 
 
 async def _wait_idle(backend) -> None:
-    for _ in range(200):
-        if not backend.engine.has_unfinished_requests():
-            return
-        await asyncio.sleep(0.01)
+    await until(lambda: not backend.engine.has_unfinished_requests())
 
 
 async def test_disconnect_mid_stream_aborts_the_request(fleet, session):

@@ -10,6 +10,7 @@ import pytest
 from kvroute.sim.cli import faults_by_backend
 from kvroute.sim.faults import Faults, parse_fault_spec
 from kvroute.sim.server import start_fleet
+from tests.conftest import until
 from tests.sim.helpers import post, scrape
 
 BODY = {"prompt": "fault test prompt", "max_tokens": 8}
@@ -61,11 +62,7 @@ async def test_hang_fault_never_answers_and_frees_nothing(fleet, session):
             await resp.read()
     backend = fleet.backends[0]
     assert not backend.engine.has_unfinished_requests()
-    for _ in range(100):  # the server notices the disconnect and drops the hung handler
-        if not backend.hung:
-            break
-        await asyncio.sleep(0.01)
-    assert not backend.hung
+    await until(lambda: not backend.hung)  # the server notices the disconnect, drops it
     await _set(session, url, {"hang": False})
     assert (await post(session, url + "/v1/completions", BODY))[0] == 200
 
@@ -91,11 +88,7 @@ async def test_drop_fault_closes_the_connection_after_k_chunks(fleet, session, s
         assert received.count(b"data: ") == 3 and b"[DONE]" not in received
     else:
         assert received == b""
-    for _ in range(100):
-        if not fleet.backends[0].engine.has_unfinished_requests():
-            break
-        await asyncio.sleep(0.01)
-    assert not fleet.backends[0].engine.has_unfinished_requests()
+    await until(lambda: not fleet.backends[0].engine.has_unfinished_requests())
     metrics = await scrape(session, url)
     assert metrics["vllm:request_success_total{finished_reason=abort}"] == 1
 
