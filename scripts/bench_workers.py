@@ -50,7 +50,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -149,11 +149,17 @@ def wait_http(url: str, timeout_s: float = 30) -> None:
 
 @contextlib.contextmanager
 def router(
-    urls: list[str], workers: int, policy: str, sync: bool = True, kv: list[str] | None = None
+    urls: list[str],
+    workers: int,
+    policy: str,
+    sync: bool = True,
+    kv: list[str] | None = None,
+    extra: Sequence[str] = (),
 ) -> Iterator[tuple[str, int]]:
-    """``kvroute serve --workers N`` (exact mode when ``kv`` endpoints are given)."""
+    """``kvroute serve --workers N`` (exact mode when ``kv`` endpoints are given; ``extra``:
+    more flags)."""
     cmd = [*KVROUTE, "serve", "--workers", str(workers), "--port", "0", "--policy", policy,
-           "--log-level", "WARNING"]  # fmt: skip
+           "--log-level", "WARNING", *extra]  # fmt: skip
     cmd += [] if sync else ["--no-worker-sync"]
     for url in urls:
         cmd += ["--backend", url]

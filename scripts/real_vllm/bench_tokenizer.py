@@ -13,8 +13,6 @@ canned answer, no engine) and drives it with wrk and ranvier-stress chat bodies.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import re
 import shutil
 import sys
 from pathlib import Path
@@ -39,20 +37,14 @@ def main() -> int:
         ap.error("needs wrk (apt install wrk)")
     print(f"exact mode, tokenizer {args.model_dir}, {args.backends} bare backends, wrk "
           f"-c{args.connections}, ranvier-stress chats, {args.duration:g} s per round")  # fmt: skip
+    client = argparse.Namespace(client="wrk", concurrency=args.connections,
+                                duration=args.duration)  # fmt: skip
+    flags = ["--mode", "exact", "--tokenizer", f"m={args.model_dir}"]
     with bw.minimal_fleet(args.backends) as urls:
         bodies = bw.request_bodies("ranvier-stress", "m")
-        cmd = [*bw.KVROUTE, "serve", "--port", "0", "--policy", "prefix", "--mode", "exact",
-               "--tokenizer", f"m={args.model_dir}", "--log-level", "WARNING"]  # fmt: skip
-        for url in urls:
-            cmd += ["--backend", url]
         for k in range(args.rounds):
-            with bw.process(cmd) as (proc, lines):
-                url = re.search(r"http://\S+", bw.wait_line(lines, r"listening on")).group(0)  # type: ignore[union-attr]
-                bw.wait_http(url + "/health")
-                asyncio.run(bw._client(url, 8, 1.0, 99, bodies))  # warm-up
-                cpu0 = bw.cpu_seconds_tree(proc.pid)
-                rps, p50, n = bw._wrk(url, args.connections, args.duration, bodies)
-                cpu_us = (bw.cpu_seconds_tree(proc.pid) - cpu0) / max(1, n) * 1e6
+            with bw.router(urls, 1, "prefix", extra=flags) as (url, pid):
+                rps, p50, cpu_us = bw.measure_throughput(url, pid, client, bodies)
             print(f"round {k + 1}: {rps:.0f} req/s, p50 {p50:.1f} ms, "
                   f"router CPU {cpu_us:.0f} us/request", flush=True)  # fmt: skip
     return 0
