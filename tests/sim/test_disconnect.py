@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import aiohttp
 
 from tests.conftest import until
@@ -39,7 +37,7 @@ async def test_disconnect_while_waiting_for_a_full_answer_aborts(fleet, session)
         async with session.post(fleet.urls[1] + "/v1/completions", json=body,
                                 timeout=with_timeout) as resp:  # fmt: skip
             await resp.read()
-    except asyncio.TimeoutError:
+    except TimeoutError:
         pass
     await _wait_idle(backend)
     assert backend.engine.stats.num_running == 0

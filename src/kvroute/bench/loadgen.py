@@ -99,7 +99,7 @@ async def send_request(
                 m.error = f"HTTP {status}: {(await resp.text())[:300]}"
             else:
                 await _read_stream(resp, m, itl)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         m.error = f"timeout after {timeout_s:g} s"
     except (aiohttp.ClientError, OSError) as exc:
         m.error = f"{type(exc).__name__}: {exc}"

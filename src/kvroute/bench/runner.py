@@ -55,7 +55,7 @@ async def scrape_counters(
             if resp.status != 200:
                 return None
             return parse_engine_counters(await resp.text())
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+    except (TimeoutError, aiohttp.ClientError, ValueError):
         return None
 
 
@@ -76,7 +76,7 @@ async def discover_model(session: aiohttp.ClientSession, target_url: str) -> str
                 return None
             data = (await resp.json()).get("data") or []
             return str(data[0]["id"]) if data else None
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError, TypeError):
+    except (TimeoutError, aiohttp.ClientError, ValueError, KeyError, TypeError):
         return None
 
 
@@ -136,6 +136,6 @@ async def run_benchmark(
             "load": load_config.to_json(),
             **(extra_config or {}),
         },
-        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     )
     return BenchResult(result, gen.records)
