@@ -270,7 +270,7 @@ async def models(request: web.Request) -> web.Response:
 
 
 async def health(request: web.Request) -> web.Response:
-    if request.app[BACKEND].faults.unhealthy:
+    if not request.app[BACKEND].faults.is_healthy(asyncio.get_running_loop().time()):
         return web.Response(status=503)
     return web.Response(status=200)
 

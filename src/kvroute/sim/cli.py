@@ -19,7 +19,8 @@ latencies in /metrics are wall seconds. Differences from vLLM: one prompt per re
 (a batch of more is a 400), n=1, sampling parameters ignored, output always ends by
 length (default max_tokens 16, also for chat). Faults at run time:
   curl -X POST localhost:8001/sim/faults -d '{"error": 503}'      # or hang, slow, drop,
-  curl -X POST localhost:8001/sim/faults -d '{"drop": 3}'         #    unhealthy
+  curl -X POST localhost:8001/sim/faults -d '{"drop": 3}'         #    unhealthy, flap,
+  curl -X POST localhost:8001/sim/faults -d '{"kv_gap": 5}'       #    kv_gap, kv_garbage
   curl localhost:8001/sim/faults;  curl -X DELETE localhost:8001/sim/faults
 """
 
@@ -53,6 +54,12 @@ def add_parser(subparsers: Any) -> None:
         "--kv-port-base", type=int, default=5557, help="first KV-event port (default 5557)"
     )
     p.add_argument("--kv-replay", action="store_true", help="also serve replays on a ROUTER socket")
+    p.add_argument(
+        "--kv-replay-port-base",
+        type=int,
+        default=0,
+        help="first replay port (default 0: free ports; fixed ports survive a restart)",
+    )
     p.add_argument("--fault", action="append", default=[], metavar="SPEC", help=FAULT_HELP)
     p.add_argument("--seed", type=int, default=0, help="seed of the step-time jitter")
     p.add_argument(
@@ -103,6 +110,7 @@ async def _serve(args: argparse.Namespace, faults: dict[int, Faults]) -> int:
             host=args.host,
             kv_port_base=args.kv_port_base,
             kv_replay=args.kv_replay,
+            kv_replay_port_base=args.kv_replay_port_base,
             model_name=args.model,
             faults=faults,
             seed=args.seed,

@@ -10,6 +10,10 @@ sends ``[b"", start_seq (8 bytes big-endian)]`` and receives ``[b"", seq, batch]
 each buffered batch with ``seq >= start_seq``, then ``[b"", -1 (8 bytes, signed), b""]``.
 
 Sending never blocks the event loop: PUB drops when the peer is slow (``zmq.NOBLOCK``).
+
+Faults (sim/faults.py) make the stream unreliable on purpose: ``kv_gap_every`` loses a
+batch for good (its number is skipped: neither sent nor buffered), ``kv_garbage_every``
+adds a malformed message (``garbage_message``) after a batch.
 """
 
 from __future__ import annotations
@@ -19,11 +23,14 @@ import contextlib
 import time
 from collections import deque
 from collections.abc import Sequence
+from typing import Any
 
+import msgspec
 import zmq
 import zmq.asyncio
 
 from kvroute.engine.kv_events import KvEvent, encode_batch
+from kvroute.sim.faults import Faults
 
 DEFAULT_TOPIC = "kv-events"
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
@@ -40,10 +47,15 @@ class KvEventPublisher:
         replay_endpoint: str | None = None,
         buffer_batches: int = 10_000,
         hwm: int = 100_000,
+        faults: Faults | None = None,
     ) -> None:
         self._ctx = zmq.Context.instance()
         self._topic = topic.encode()
         self._seq = 0
+        self._faults = faults
+        self.num_batches = 0  # batches the engine handed over (lost ones included)
+        self.num_lost = 0  # batches a kv_gap fault dropped
+        self.num_garbage = 0  # malformed messages a kv_garbage fault sent
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_batches)
         self._pub = self._ctx.socket(zmq.PUB)
         self._pub.setsockopt(zmq.SNDHWM, hwm)
@@ -70,14 +82,33 @@ class KvEventPublisher:
         """Send one batch (no-op when empty); drops it if the socket is full."""
         if not events:
             return
-        payload = encode_batch(time.time() if ts is None else ts, list(events))
+        ts = time.time() if ts is None else ts
+        self.num_batches += 1
+        faults = self._faults
+        if faults is not None and _every(faults.kv_gap_every, self.num_batches):
+            self._seq += 1  # lost for good: a gap no replay fills
+            self.num_lost += 1
+            return
+        self._send(encode_batch(ts, list(events)))
+        if faults is not None and _every(faults.kv_garbage_every, self.num_batches):
+            frames, uses_seq = garbage_message(self.num_garbage, self._topic, self._seq, ts)
+            self.num_garbage += 1
+            if uses_seq:
+                self._send(frames[2])
+            else:
+                self._send_frames(frames)
+
+    def _send(self, payload: bytes) -> None:
+        """Number, buffer and send one batch payload."""
         seq = self._seq
         self._seq += 1
-        seq_bytes = seq.to_bytes(8, "big")
         if self._replay is not None:
             self._buffer.append((seq, payload))
+        self._send_frames((self._topic, seq.to_bytes(8, "big"), payload))
+
+    def _send_frames(self, frames: Sequence[bytes]) -> None:
         with contextlib.suppress(zmq.Again):
-            self._pub.send_multipart((self._topic, seq_bytes, payload), flags=zmq.NOBLOCK)
+            self._pub.send_multipart(frames, flags=zmq.NOBLOCK)
 
     async def _serve_replay(self) -> None:
         assert self._replay is not None, "replay task runs only with a replay socket"
@@ -102,6 +133,44 @@ class KvEventPublisher:
         if self._replay is not None:
             self._replay.close()
         self._pub.close()
+
+
+def _every(k: int | None, n: int) -> bool:
+    return k is not None and n % k == 0
+
+
+def garbage_message(i: int, topic: bytes, seq: int, ts: float) -> tuple[list[bytes], bool]:
+    """The ``i``-th malformed message of a ``kv_garbage`` fault (they rotate).
+
+    Returns the frames and whether the message is a numbered batch (sequence ``seq``,
+    buffered for replay like any batch) or frame-level junk that carries no usable number.
+    Each shape is one a real subscriber may meet: a truncated or foreign message, bytes
+    that are not msgpack, and decodable batches with events of the wrong shape (a list
+    as event tag, an infinite block size, a string where a list belongs).
+    """
+    seq_bytes = seq.to_bytes(8, "big")
+    tokens = list(range(16))
+    batches: list[Any] = [
+        b"\xc1 not msgpack",
+        {"not": "a batch"},
+        [ts, "events should be a list"],
+        [ts, [[["BlockStored"], [1], None, tokens, 16]]],
+        [ts, [["BlockStored", [1], None, tokens, float("inf")]]],
+        [ts, [["BlockRemoved", "not a list of hashes"]]],
+        [ts, [["BlockStored", [1, 2], None, tokens, 16, None, "GPU", None, "x"]]],
+    ]
+    frames_only: list[list[bytes]] = [
+        [topic, seq_bytes],  # two frames
+        [topic, seq_bytes[:3], b"\x92\x00\x90"],  # short sequence number
+        [topic, seq_bytes, b"\x92\x00\x90", b"extra"],  # four frames
+    ]
+    shapes = len(batches) + len(frames_only)
+    k = i % shapes
+    if k < len(frames_only):
+        return frames_only[k], False
+    raw = batches[k - len(frames_only)]
+    payload = raw if isinstance(raw, bytes) else msgspec.msgpack.encode(raw)
+    return [topic, seq_bytes, payload], True
 
 
 def _bindable(endpoint: str) -> str:

@@ -136,7 +136,7 @@ class SimBackend:
             return
         if self._kv_endpoint is not None and self.publisher is None:
             self.publisher = KvEventPublisher(
-                self._kv_endpoint, replay_endpoint=self._kv_replay_endpoint
+                self._kv_endpoint, replay_endpoint=self._kv_replay_endpoint, faults=self.faults
             )
             self.publisher.start()
         loop = asyncio.get_running_loop()
@@ -319,6 +319,7 @@ async def start_fleet(
     host: str = "127.0.0.1",
     kv_port_base: int = 0,
     kv_replay: bool = False,
+    kv_replay_port_base: int = 0,
     model_name: str | None = None,
     faults: dict[int, Faults] | None = None,
     seed: int = 0,
@@ -328,6 +329,8 @@ async def start_fleet(
 
     With ``kv_events`` each backend publishes on ``tcp://host:kv_port_base+i``
     (``kv_port_base`` 0: free ports); ``fleet.kv_endpoints`` has the bound endpoints.
+    With ``kv_replay`` each also serves replays on ``kv_replay_port_base+i`` (0: free
+    ports), so a restarted backend can keep the endpoints a router was given.
     """
     if n < 1:
         raise ValueError(f"a fleet needs at least one backend, got {n}")
@@ -338,7 +341,8 @@ async def start_fleet(
             replay = None
             if kv_events:
                 kv = f"tcp://{host}:{kv_port_base + i if kv_port_base else 0}"
-                replay = f"tcp://{host}:0" if kv_replay else None
+                replay_port = kv_replay_port_base + i if kv_replay_port_base else 0
+                replay = f"tcp://{host}:{replay_port}" if kv_replay else None
             backend = SimBackend(
                 profile,
                 port=port_base + i if port_base else 0,
