@@ -8,7 +8,15 @@ token, like the BPE tokenizers of Llama-class models.
 A token is one piece matched by ``_PIECE``: an optional leading space followed by up to
 four letters, up to three digits, or one other symbol; or a run of whitespace. A
 piece's id is a hash of its text, so the same text always gives the same ids, across
-processes and machines. Ids below ``NUM_SPECIAL`` are never produced by hashing.
+processes and machines, whatever the tokenizer saw before. Ids below ``NUM_SPECIAL`` are
+never produced by hashing.
+
+Pieces are cached only to skip rehashing and to let ``decode`` map ids back. The cache is
+bounded (clients choose the text): at most ``max_cached_pieces`` learned pieces of up to
+``MAX_CACHED_PIECE_CHARS`` characters per generation, two generations kept; when the
+current one is full it becomes the old one and the oldest is dropped. ``OUTPUT_WORDS``
+are pinned. So ``decode`` returns the output words, and any other piece only while it
+is cached: generated text always round-trips, a client's prompt need not.
 """
 
 from __future__ import annotations
@@ -20,6 +28,8 @@ import xxhash
 
 VOCAB_SIZE = 32_000
 NUM_SPECIAL = 16
+MAX_CACHED_PIECES = 1 << 15  # learned pieces per cache generation (two are kept)
+MAX_CACHED_PIECE_CHARS = 64  # longer pieces (whitespace runs) are hashed, never cached
 BOS_ID = 1
 EOS_ID = 2
 
@@ -72,27 +82,47 @@ OUTPUT_WORDS: tuple[str, ...] = (
 
 
 class Tokenizer:
-    """Deterministic text <-> token ids; ``decode(encode(t)) == t`` for any text."""
+    """Deterministic text -> token ids; ``decode`` inverts the pieces it has cached."""
 
-    def __init__(self) -> None:
-        self._piece_to_id: dict[str, int] = {}
-        self._id_to_piece: dict[int, str] = {}
-        for word in OUTPUT_WORDS:
-            self._intern(" " + word)
+    def __init__(self, max_cached_pieces: int = MAX_CACHED_PIECES) -> None:
+        if max_cached_pieces < 1:
+            raise ValueError(f"max_cached_pieces must be >= 1, got {max_cached_pieces}")
+        self.max_cached_pieces = max_cached_pieces
+        self._pinned: dict[str, int] = {" " + w: _piece_id(" " + w) for w in OUTPUT_WORDS}
+        self._pinned_ids = {i: p for p, i in reversed(self._pinned.items())}
+        # current generation (pinned words included) and the one before it
+        self._piece_to_id = dict(self._pinned)
+        self._id_to_piece = dict(self._pinned_ids)
+        self._old_piece_to_id: dict[str, int] = {}
+        self._old_id_to_piece: dict[int, str] = {}
 
-    def _intern(self, piece: str) -> int:
-        token_id = NUM_SPECIAL + xxhash.xxh32_intdigest(piece.encode()) % (VOCAB_SIZE - NUM_SPECIAL)
-        self._piece_to_id[piece] = token_id
-        # First writer wins on a hash collision; decode is only needed for our own text.
-        self._id_to_piece.setdefault(token_id, piece)
+    @property
+    def num_cached_pieces(self) -> int:
+        """Entries in both generations, each of which holds the pinned words: at most
+        ``2 * (max_cached_pieces + len(OUTPUT_WORDS))``."""
+        return len(self._piece_to_id) + len(self._old_piece_to_id)
+
+    def _learn(self, piece: str) -> int:
+        """Id of a piece missing from the current generation; caches it when short."""
+        token_id = self._old_piece_to_id.get(piece)
+        if token_id is None:
+            token_id = _piece_id(piece)
+        if len(piece) <= MAX_CACHED_PIECE_CHARS:
+            if len(self._piece_to_id) - len(self._pinned) >= self.max_cached_pieces:
+                self._old_piece_to_id, self._old_id_to_piece = self._piece_to_id, self._id_to_piece
+                self._piece_to_id = dict(self._pinned)
+                self._id_to_piece = dict(self._pinned_ids)
+            self._piece_to_id[piece] = token_id
+            # First writer wins on a hash collision: the pinned words always do.
+            self._id_to_piece.setdefault(token_id, piece)
         return token_id
 
     def encode(self, text: str) -> list[int]:
-        lookup = self._piece_to_id.get
+        lookup = self._piece_to_id.get  # a rotation mid-text leaves it on the old generation
         ids = []
         for piece in _PIECE.findall(text):
             token_id = lookup(piece)
-            ids.append(self._intern(piece) if token_id is None else token_id)
+            ids.append(self._learn(piece) if token_id is None else token_id)
         return ids
 
     def count(self, text: str) -> int:
@@ -100,19 +130,24 @@ class Tokenizer:
         return sum(1 for _ in _PIECE.finditer(text))
 
     def decode(self, token_ids: Iterable[int]) -> str:
-        pieces = self._id_to_piece
-        return "".join(pieces.get(t, "") for t in token_ids)
+        """Text of ``token_ids``; an id whose piece is not cached decodes to ""."""
+        new, old = self._id_to_piece, self._old_id_to_piece
+        return "".join(new.get(t) or old.get(t, "") for t in token_ids)
 
     def word_ids(self) -> Sequence[int]:
         """Ids of ``OUTPUT_WORDS`` (with leading space), for generating output."""
-        return [self._piece_to_id[" " + w] for w in OUTPUT_WORDS]
+        return [self._pinned[" " + w] for w in OUTPUT_WORDS]
+
+
+def _piece_id(piece: str) -> int:
+    return NUM_SPECIAL + xxhash.xxh32_intdigest(piece.encode()) % (VOCAB_SIZE - NUM_SPECIAL)
 
 
 _default: Tokenizer | None = None
 
 
 def default_tokenizer() -> Tokenizer:
-    """The process-wide built-in tokenizer (its piece cache is shared)."""
+    """The process-wide built-in tokenizer (its bounded piece cache is shared)."""
     global _default
     if _default is None:
         _default = Tokenizer()
