@@ -60,7 +60,7 @@ async def handle_add(request: web.Request) -> web.Response:
     """Add a backend; it takes traffic after its first good health probe (run at once)."""
     state = _authorize(request)
     body = await _json_object(request)
-    unknown = set(body) - {"url", "api_key", "weight", "kv_events", "kv_replay"}
+    unknown = set(body) - {"url", "api_key", "weight", "kv_events", "kv_replay", "name"}
     if unknown:
         raise BadRequest(f"unknown fields {sorted(unknown)}")
     try:
@@ -69,6 +69,8 @@ async def handle_add(request: web.Request) -> web.Response:
         raise BadRequest(str(exc)) from None
     if state.backends.get(config.url) is not None:
         raise BadRequest(f"backend {config.url} is already present")
+    if config.name is not None and any(rt.config.name == config.name for rt in state.backends):
+        raise BadRequest(f"a backend named {config.name!r} is already present")
     rt = state.add_backend(config)
     await probe(state, rt)
     followed = state.kv is not None and config.kv_events is not None

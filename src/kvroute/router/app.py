@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from urllib.parse import urlsplit
 
 import aiohttp
 import msgspec
@@ -23,7 +25,7 @@ from kvroute.core.token_keys import PromptTokenizer
 from kvroute.router import admin
 from kvroute.router.backends import Backends
 from kvroute.router.clients import ClientGate
-from kvroute.router.config import RouterConfig
+from kvroute.router.config import RouterConfig, backend_public_id
 from kvroute.router.errors import KvrouteError, error_bytes
 from kvroute.router.health import health_loop, probe_all
 from kvroute.router.kv_subscriber import KvEventSubscriber
@@ -128,6 +130,8 @@ def make_app(
     app.router.add_get("/metrics", handle_metrics)
     app.router.add_get("/", handle_status_page)
     admin.add_routes(app)
+    if not config.expose_backend_urls:
+        app.on_response_prepare.append(_hide_backend_header)
     app.cleanup_ctx.append(_lifecycle)
     app.on_shutdown.append(_on_shutdown)
     return app
@@ -202,7 +206,10 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return response
     except KvrouteError as exc:
         status = exc.status
-        response = _error_response(exc.status, exc.message, exc.error_type, exc.code)
+        message = exc.message
+        if not state.config.expose_backend_urls:
+            message = hide_backend_urls(state, message)
+        response = _error_response(exc.status, message, exc.error_type, exc.code)
         response.headers.update(exc.headers)
         return response
     except web.HTTPException as exc:
@@ -223,6 +230,40 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             state.metrics.count_request(status, note.backend, note.reason)
             if note.backend:
                 state.metrics.of(note.backend).e2e.observe(state.clock() - note.t0)
+
+
+BACKEND_HEADER = "x-kvroute-backend"
+_URL = re.compile(r"https?://[^\s/'\"]+")
+_IPV4 = re.compile(r"\b\d{1,3}(?:\.\d{1,3}){3}\b")
+
+
+def public_backend_id(state: RouterState, url: str) -> str:
+    """What a client may see of backend ``url`` when URLs are hidden."""
+    rt = state.backends.get(url)
+    return rt.config.public_id if rt is not None else backend_public_id(url)
+
+
+def hide_backend_urls(state: RouterState, message: str) -> str:
+    """``message`` with every backend address in it replaced by the backend's public id.
+
+    Upstream errors name a backend by URL, ``host:port`` or a socket-address tuple
+    (``('10.0.0.7', 8000)``); whatever is left that looks like a URL or an IPv4 address
+    (a backend removed meanwhile) is replaced too.
+    """
+    for rt in state.backends:
+        pid, parts = rt.config.public_id, urlsplit(rt.url)
+        message = message.replace(rt.url, pid).replace(parts.netloc, pid)
+        if parts.hostname:
+            message = message.replace(f"({parts.hostname!r}, {parts.port})", pid)
+            message = message.replace(parts.hostname, pid)
+    message = _URL.sub(lambda m: backend_public_id(m.group(0)), message)
+    return _IPV4.sub("<address>", message)
+
+
+async def _hide_backend_header(request: web.Request, response: web.StreamResponse) -> None:
+    url = response.headers.get(BACKEND_HEADER)
+    if url is not None:
+        response.headers[BACKEND_HEADER] = public_backend_id(request.app[STATE], url)
 
 
 async def handle_models(request: web.Request) -> web.Response:

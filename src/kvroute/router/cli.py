@@ -37,6 +37,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("--admin-key", help="bearer key of /admin/... (or env KVROUTE_ADMIN_KEY)")
     p.add_argument("--drain-timeout", type=float, dest="drain_timeout_s",
                    help="seconds in-flight requests get to finish on shutdown")  # fmt: skip
+    p.add_argument("--hide-backend-urls", dest="expose_backend_urls", action="store_const",
+                   const=False, help="clients see backend ids (name or b-<hash>), never URLs, "
+                   "in x-kvroute-backend and error messages")  # fmt: skip
     p.add_argument("--workers", type=int, default=1, metavar="N",
                    help="router processes sharing the port via SO_REUSEPORT (default 1); "
                    "see docs/deploy.md")  # fmt: skip
@@ -59,6 +62,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         "admin_key": args.admin_key or os.environ.get("KVROUTE_ADMIN_KEY"),
         "drain_timeout_s": args.drain_timeout_s,
         "mode": args.mode,
+        "expose_backend_urls": args.expose_backend_urls,
     }
     kv = kv_load_kwargs(args)
     return load_config(args.config, backends=args.backend, overrides=overrides, **kv)

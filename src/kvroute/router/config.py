@@ -6,6 +6,7 @@ naming the field (style.md §7.11). ``load_config`` is the only place that reads
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import os
 from collections.abc import Mapping, Sequence
@@ -25,11 +26,31 @@ def _check(ok: bool, name: str, msg: str) -> None:
 
 
 def normalize_url(url: str) -> str:
-    """A backend URL without trailing slash; ValueError unless http(s)://host[:port]."""
+    """A backend URL without trailing slash; ValueError unless http(s)://host[:port].
+
+    Credentials in the URL are refused: the URL shows up in response headers, the status
+    page, metric labels and error messages, so a secret must travel as ``api_key``.
+    """
     parts = urlsplit(url.strip())
+    if "@" in parts.netloc:  # userinfo; the message must not repeat the secret
+        safe = f"{parts.scheme}://***@{parts.netloc.rpartition('@')[2]}"
+        raise ValueError(
+            f"backend.url: credentials in a URL are not allowed ({safe}): "
+            "give the key as the backend's api_key instead"
+        )
     _check(parts.scheme in ("http", "https"), "backend.url", f"not an http(s) URL: {url!r}")
     _check(bool(parts.hostname), "backend.url", f"no host in {url!r}")
     return url.strip().rstrip("/")
+
+
+def backend_public_id(url: str) -> str:
+    """The stable opaque id clients see for a backend with no ``name`` when URLs are hidden:
+    "b-" and 8 hex digits of the URL's SHA-256. Not a secret: someone who can guess the
+    address can confirm it; a configured ``name`` reveals nothing."""
+    return "b-" + hashlib.sha256(url.encode()).hexdigest()[:8]
+
+
+_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 
 
 def check_zmq_endpoint(endpoint: str, name: str) -> str:
@@ -48,9 +69,16 @@ class BackendConfig:
     weight: float = 1.0  # relative capacity, passed to Fleet.add_backend
     kv_events: str | None = None  # its KV-event PUB endpoint (vLLM --kv-events-config)
     kv_replay: str | None = None  # its replay ROUTER endpoint (fills gaps, syncs late start)
+    # what clients see instead of the URL when expose_backend_urls is off (1-64 of
+    # [A-Za-z0-9._-]); None: backend_public_id(url)
+    name: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "url", normalize_url(self.url))
+        if self.name is not None:
+            ok = isinstance(self.name, str) and 0 < len(self.name) <= 64
+            _check(ok and set(self.name) <= _NAME_CHARS, "backend.name",
+                   f"must be 1-64 of [A-Za-z0-9._-], got {self.name!r}")  # fmt: skip
         _check(self.weight > 0, "backend.weight", f"must be > 0, got {self.weight}")
         if self.kv_events is not None:
             ep = check_zmq_endpoint(self.kv_events, "backend.kv_events")
@@ -59,6 +87,11 @@ class BackendConfig:
             _check(self.kv_events is not None, "backend.kv_replay", "needs kv_events too")
             ep = check_zmq_endpoint(self.kv_replay, "backend.kv_replay")
             object.__setattr__(self, "kv_replay", ep)
+
+    @property
+    def public_id(self) -> str:
+        """How clients see this backend when ``expose_backend_urls`` is off."""
+        return self.name or backend_public_id(self.url)
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +203,9 @@ class RouterConfig:
     admin_key: str | None = None  # bearer token of /admin/...; None disables the admin API
     drain_timeout_s: float = 30.0  # on shutdown, wait this long for in-flight requests
     log_prompts: bool = False  # prompts never logged unless set
+    # False (--hide-backend-urls): clients never see backend URLs; x-kvroute-backend and
+    # error messages carry each backend's public_id (its name, or "b-" + 8 hex digits)
+    expose_backend_urls: bool = True
     # routing keys: "approximate" (text keys, cache models fed by dispatches), "exact"
     # (engine token keys, views from KV events), "auto" (token keys for a model while one
     # of its backends' event streams is synced). None: "auto" when a backend has
@@ -193,6 +229,10 @@ class RouterConfig:
         _check(0 <= self.drain_timeout_s <= 3600, "drain_timeout_s", "must be in [0, 3600]")
         urls = [b.url for b in self.backends]
         _check(len(urls) == len(set(urls)), "backends", "duplicate backend URL")
+        backend_names = [b.name for b in self.backends if b.name is not None]
+        unique = len(backend_names) == len(set(backend_names))
+        _check(unique, "backends", "duplicate backend name")
+        _check(isinstance(self.expose_backend_urls, bool), "expose_backend_urls", "must be a bool")
         names = [k.key for k in self.client_keys]
         _check(len(names) == len(set(names)), "clients.keys", "duplicate key")
         if self.admin_key is not None:
@@ -264,6 +304,7 @@ def config_from_mapping(raw: Mapping[str, Any]) -> RouterConfig:
             "admin_key",
             "drain_timeout_s",
             "log_prompts",
+            "expose_backend_urls",
             "mode",
             "speculative_ttl_s",
         )
