@@ -73,22 +73,23 @@ async def test_all_backends_failing_gives_502(harness: Harness) -> None:
     err = (await resp.json())["error"]
     assert err["code"] == "backend_failed"
     assert "answered 500" in err["message"]
-    assert len(a.state.requests) + len(b.state.requests) == 2  # each tried once, no more
+    # a 500 may be this body's doing: answered at once, not run on the other backend
+    assert len(a.state.requests) + len(b.state.requests) == 1
 
 
-async def test_first_byte_timeout_retried_then_504(harness: Harness) -> None:
+async def test_slow_answer_is_not_retried_504(harness: Harness) -> None:
     slow = await harness.backend("slow")
     fast = await harness.backend("fast")
     slow.state.stall_s = 5.0
-    client = await harness.router([slow.url, fast.url], timeouts=TimeoutConfig(first_byte_s=0.2))
+    client = await harness.router([slow.url, fast.url], timeouts=TimeoutConfig(response_s=0.2))
+    statuses = []
     for _ in range(2):
         resp = await client.post("/v1/completions", data=BODY)
-        assert resp.status == 200
-        assert resp.headers["x-kvroute-backend"] == fast.url
-    fast.state.stall_s = 5.0
-    resp = await client.post("/v1/completions", data=BODY)
-    assert resp.status == 504
-    assert (await resp.json())["error"]["code"] == "backend_timeout"
+        statuses.append(resp.status)
+        if resp.status == 504:
+            assert (await resp.json())["error"]["code"] == "backend_timeout"
+    assert sorted(statuses) == [200, 504]
+    assert len(slow.state.requests) == len(fast.state.requests) == 1
 
 
 async def test_no_healthy_backend_gives_503(harness: Harness) -> None:
@@ -156,7 +157,7 @@ async def _tripping(harness: Harness, breaker: BreakerConfig) -> _Tripping:
     clock = FakeClock()
     good = await harness.backend("good")
     bad = await harness.backend("bad")
-    bad.state.fail_status = 500
+    bad.state.fail_status = 503  # "cannot take work": retried elsewhere, counted
     client = await harness.router([bad.url, good.url], clock=clock, breaker=breaker)
     state = harness.state(client)
     rt = state.backends.get(bad.url)

@@ -96,12 +96,16 @@ class BackendConfig:
 
 @dataclass(frozen=True, slots=True)
 class TimeoutConfig:
-    """Upstream timeouts, seconds. Before the first byte a timeout is retried elsewhere."""
+    """Upstream timeouts, seconds. Only a connect timeout is retried elsewhere: a slow
+    answer may be this request's doing, and it is not run twice."""
 
     connect_s: float = 5.0  # TCP connect to a backend
-    first_byte_s: float = 300.0  # request sent -> response headers (non-streaming: whole answer)
+    first_byte_s: float = 300.0  # streaming: request sent -> response headers
     idle_s: float = 60.0  # longest gap between two chunks of a response body
     total_s: float = 1800.0  # whole request, first attempt to last byte
+    # non-streaming: request sent -> whole answer read (a long generation with no stream
+    # runs minutes; a hung one must still end)
+    response_s: float = 600.0
 
     def __post_init__(self) -> None:
         for f in fields(self):

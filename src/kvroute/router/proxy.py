@@ -1,10 +1,15 @@
 """The completion handlers: parse once, route via the Fleet, forward, relay, release.
 
 Per request: admit the client key -> read and parse the body -> routing keys -> Fleet
-decision -> dispatch (load acquired) -> open upstream; a failure before the first byte
-is retried on the next-best backend -> relay (non-streaming: whole body; streaming: each
-chunk as it arrives) -> Fleet.finish in a ``finally`` (load released exactly once).
-After the first byte nothing is retried: a broken stream ends with an SSE error event.
+decision -> dispatch (load acquired) -> open upstream -> relay (non-streaming: whole
+body; streaming: each chunk as it arrives) -> Fleet.finish in a ``finally`` (load
+released exactly once).
+
+Only a backend that could not take the request (connect error, 503) is retried, on the
+next-best backend, and a body reaches at most ``MAX_DELIVERIES`` backends: whatever else
+fails (another 5xx, a reset, a slow answer) may be this body's doing, so it is answered
+502/504 at once rather than run again elsewhere. After the first byte nothing is
+retried: a broken stream ends with an SSE error event.
 """
 
 from __future__ import annotations
@@ -30,13 +35,16 @@ from kvroute.router.errors import (
 from kvroute.router.relay import relay
 from kvroute.router.request import parse_completion_body
 from kvroute.router.state import BUILTIN_TOKENIZER, NOTE, STATE, RouterState
-from kvroute.router.upstream import AttemptFailed, open_upstream
+from kvroute.router.upstream import AttemptFailed, Deadline, open_upstream
 
 log = logging.getLogger("kvroute.router.requests")
 CHAT_PATH = "/v1/chat/completions"
 # below this body size a thread hop (~50-100 us) costs more than tokenizing in place
 OFF_LOOP_MIN_BYTES = 8_192
 COMPLETIONS_PATH = "/v1/completions"
+# backends one body may reach: the first, and one more after a 503 (connect errors do
+# not count: nothing was sent)
+MAX_DELIVERIES = 2
 
 
 def new_request_id() -> str:
@@ -60,9 +68,9 @@ async def _handle(request: web.Request, path: str, *, chat: bool) -> web.StreamR
     try:
         raw = await _read_body(request, state.config.limits.max_body_bytes)
         t0 = state.clock()
-        route_req = await _route_request(state, request, raw, chat=chat)
+        route_req, stream = await _route_request(state, request, raw, chat=chat)
         state.metrics.decision.observe(state.clock() - t0)
-        return await _forward(state, request, route_req, raw, path)
+        return await _forward(state, request, route_req, raw, path, stream=stream)
     except asyncio.CancelledError:
         state.metrics.client_disconnects.inc()  # aiohttp cancels a handler on disconnect
         raise
@@ -83,7 +91,8 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
 
 async def _route_request(
     state: RouterState, request: web.Request, raw: bytes, *, chat: bool
-) -> RouteRequest:
+) -> tuple[RouteRequest, bool]:
+    """(what the Fleet routes on, whether the client asked for a stream)."""
     parsed, body = parse_completion_body(raw, chat=chat)
     model = parsed.model
     if model is None:
@@ -100,13 +109,14 @@ async def _route_request(
         )
         log.info("request %s from %s model %s prompt %r", rid, client, model, parsed.prompt)
     hashes, num_tokens = await _route_keys(state, model, parsed.prompt, body, chat, len(raw))
-    return RouteRequest(
+    route_req = RouteRequest(
         request_id=rid,
         model=model,
         block_hashes=hashes,
         num_prompt_tokens=num_tokens,
         max_tokens=parsed.max_tokens,
     )
+    return route_req, parsed.stream
 
 
 async def _route_keys(
@@ -166,20 +176,30 @@ def _upstream_headers(state: RouterState, request: web.Request, url: str) -> dic
 
 
 async def _forward(
-    state: RouterState, request: web.Request, req: RouteRequest, raw: bytes, path: str
+    state: RouterState,
+    request: web.Request,
+    req: RouteRequest,
+    raw: bytes,
+    path: str,
+    *,
+    stream: bool,
 ) -> web.StreamResponse:
-    """Try up to ``max_attempts`` backends until one produces a first byte."""
+    """Send the body to the best backend; to the next only if one refused it."""
     fleet, clock, limits = state.fleet, state.clock, state.config.limits
     timeouts = state.config.timeouts
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeouts.total_s
+    total = Deadline(loop.time() + timeouts.total_s, timeouts.total_s, "timeouts.total_s")
     tried: list[str] = []
+    num_delivered = 0
     last: AttemptFailed | None = None
     for attempt in range(limits.max_attempts):
+        if last is not None and not (last.refused and num_delivered < MAX_DELIVERIES):
+            break
         decision = fleet.route(req, clock(), exclude=tuple(tried))
         if decision is None:
             break
-        if attempt:
+        if last is not None:
+            state.metrics.retries.labels(tried[-1], last.cause).inc()
             decision = _as_retry(decision)
             await asyncio.sleep(limits.retry_backoff_s * attempt)
         url = decision.backend
@@ -189,19 +209,25 @@ async def _forward(
         _count_prediction(state, decision.backend, ticket.predicted_cached_tokens, req)
         ok = False
         try:
-            first_byte_s = min(timeouts.first_byte_s, max(0.001, deadline - loop.time()))
+            # a stream's headers come at once; a whole answer only when it is generated
+            if stream:
+                answer = _sooner(total, loop.time(), timeouts.first_byte_s, "first_byte_s")
+            else:
+                answer = _sooner(total, loop.time(), timeouts.response_s, "response_s")
             headers = _upstream_headers(state, request, url)
             try:
-                resp = await open_upstream(state.session, url + path, raw, headers, first_byte_s)
+                resp = await open_upstream(state.session, url + path, raw, headers, answer)
             except AttemptFailed as exc:
                 last = exc
-                state.backends.record_failure(url, str(exc))
-                state.metrics.retries.labels(url, exc.cause).inc()
+                num_delivered += exc.delivered
+                if exc.refused:  # the backend said it cannot work: that is its state
+                    state.backends.record_failure(url, str(exc))
                 continue
             state.backends.record_success(url)
             note = request[NOTE]
             note.backend, note.reason = url, decision.reason
-            ok, response = await relay(state, request, resp, ticket, decision, deadline)
+            body_deadline = total if stream else answer
+            ok, response = await relay(state, request, resp, ticket, decision, body_deadline)
             return response
         except asyncio.CancelledError:
             ok = True  # the client went away; the backend did not fail
@@ -210,6 +236,12 @@ async def _forward(
             state.backends.end_attempt(url)
             fleet.finish(ticket, clock(), ok)
     raise _final_error(state, req, tried, last)
+
+
+def _sooner(total: Deadline, now: float, seconds: float, name: str) -> Deadline:
+    """The deadline ``seconds`` from now (``timeouts.<name>``), or ``total`` if sooner."""
+    own = Deadline(now + seconds, seconds, f"timeouts.{name}")
+    return own if own.at < total.at else total
 
 
 def _as_retry(decision: Decision) -> Decision:
@@ -235,6 +267,7 @@ def _final_error(
         what = f"model '{req.model}'" if req.model else "this request"
         return NoHealthyBackend(f"no healthy backend can serve {what}")
     err = last.to_client_error()
-    err.message = f"{len(tried)} attempt(s) failed; last: {err.message}"
-    err.args = (err.message,)
+    if len(tried) > 1:
+        err.message = f"{len(tried)} backends tried; last: {err.message}"
+        err.args = (err.message,)
     return err

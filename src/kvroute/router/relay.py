@@ -6,6 +6,9 @@ One ``asyncio.timeout`` guards the loop: before a read its deadline is the idle 
 by the total deadline), before a write the total deadline. A backend failure after the
 first byte ends the stream with an SSE error event and ``[DONE]``, never a retry. A client
 that goes away closes the upstream response, so the engine aborts the request.
+
+Neither a cut body nor a slow one counts against the backend's circuit: either may be
+what this request caused (health probes tell a dead backend apart).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from kvroute.core.load import Ticket
 from kvroute.core.policy.base import Decision
 from kvroute.router.errors import BackendFailed, BackendTimeout
 from kvroute.router.state import NOTE, RouterState
-from kvroute.router.upstream import copy_response_headers
+from kvroute.router.upstream import Deadline, copy_response_headers
 
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
@@ -41,7 +44,7 @@ async def relay(
     resp: aiohttp.ClientResponse,
     ticket: Ticket,
     decision: Decision,
-    deadline: float,
+    deadline: Deadline,
 ) -> tuple[bool, web.StreamResponse]:
     """(ok, the response sent or to send); closes ``resp`` whatever happens.
 
@@ -63,18 +66,17 @@ async def _relay_whole(
     resp: aiohttp.ClientResponse,
     ticket: Ticket,
     headers: dict[str, str],
-    deadline: float,
+    deadline: Deadline,
 ) -> tuple[bool, web.StreamResponse]:
     url = ticket.url
     try:
-        async with asyncio.timeout_at(deadline):
+        async with asyncio.timeout_at(deadline.at):
             body = await resp.read()
     except TimeoutError:
-        state.backends.record_failure(url, "body read timed out")
-        raise BackendTimeout(f"{url}: response body not complete before the deadline") from None
+        msg = f"{url} did not finish its answer within {deadline.describe()}"
+        raise BackendTimeout(msg) from None
     except (aiohttp.ClientError, OSError) as exc:
-        state.backends.record_failure(url, str(exc))
-        raise BackendFailed(f"{url}: response body cut: {type(exc).__name__}") from None
+        raise BackendFailed(f"{url}: answer cut: {type(exc).__name__}") from None
     now = state.clock()
     state.fleet.on_first_token(ticket, now, _cached_tokens(body))
     state.metrics.of(url).ttft.observe(now - request[NOTE].t0)
@@ -99,9 +101,10 @@ async def _relay_stream(
     resp: aiohttp.ClientResponse,
     ticket: Ticket,
     headers: dict[str, str],
-    deadline: float,
+    total: Deadline,
 ) -> tuple[bool, web.StreamResponse]:
     url = ticket.url
+    deadline = total.at
     idle_s = state.config.timeouts.idle_s
     loop = asyncio.get_running_loop()
     out = web.StreamResponse(status=resp.status, headers=headers)
@@ -133,7 +136,6 @@ async def _relay_stream(
         state.metrics.client_disconnects.inc()
         return True, out  # the backend did not fail; resp.close() in relay() cancels it
     except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-        state.backends.record_failure(url, f"mid-stream: {type(exc).__name__}")
         state.metrics.midstream_failures.labels(url).inc()
         await _write_sse_error(out, exc, tail)
         return False, out

@@ -1,14 +1,26 @@
 """Opening one upstream request: connect, send the original bytes, wait for the headers.
 
-Failures before the first byte become ``AttemptFailed`` (retryable on another backend).
-A keep-alive connection the backend closed while idle shows up as a disconnect before
-any byte; that one case is retried once on the same backend, on a fresh connection.
+Failures before any of the answer was relayed become ``AttemptFailed``. Only those that
+say the backend could not take the request (``refused``: a connect error, a 503) are
+retried on another backend and count against its circuit; the rest (another 5xx, a
+dropped connection, a timeout) may be what this body caused, so they go back to the
+client and blame no backend.
+
+A body is sent to a backend once. A pooled keep-alive connection that the backend closed
+just as the request went out fails exactly like a backend that dropped the connection
+while it read or ran this body (``ServerDisconnectedError`` either way), so neither is
+re-sent: only a connect error proves the request never reached the backend. The pool
+keeps idle connections 4 s (``make_session``), under the 5 s keep-alive of uvicorn
+(vLLM's and SGLang's server), and aiohttp checks that age when it hands one out: the race
+needs a backend whose keep-alive is shorter than the pool's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import aiohttp
 
@@ -30,13 +42,38 @@ SKIP_RESPONSE_HEADERS = frozenset(
 )
 
 
+@dataclass(frozen=True, slots=True)
+class Deadline:
+    """A point in loop time and the setting that put it there (named in timeout errors)."""
+
+    at: float  # asyncio loop.time() seconds
+    seconds: float  # its configured length
+    setting: str  # e.g. "timeouts.response_s"
+
+    def describe(self) -> str:
+        return f"{self.seconds:g} s ({self.setting})"
+
+
 class AttemptFailed(Exception):
-    """One backend failed before producing output; ``cause`` labels the retry metric."""
+    """One backend failed before any of its answer was relayed.
+
+    ``cause`` labels the retry metric: "connect" | "503" | "5xx" | "reset" | "timeout".
+    """
 
     def __init__(self, cause: str, message: str, *, timeout: bool = False) -> None:
         super().__init__(message)
-        self.cause = cause  # "connect" | "timeout" | "5xx" | "reset"
+        self.cause = cause
         self.timeout = timeout
+
+    @property
+    def refused(self) -> bool:
+        """The backend could not take the request: retry elsewhere, count against it."""
+        return self.cause in ("connect", "503")
+
+    @property
+    def delivered(self) -> bool:
+        """The body may have reached the backend (only a connect error proves it did not)."""
+        return self.cause != "connect"
 
     def to_client_error(self) -> BackendFailed | BackendTimeout:
         if self.timeout:
@@ -49,34 +86,43 @@ async def open_upstream(
     url: str,
     body: bytes,
     headers: Mapping[str, str],
-    first_byte_s: float,
+    deadline: Deadline,
 ) -> aiohttp.ClientResponse:
-    """POST ``body`` to ``url``; the response once its headers arrived (status < 500).
+    """POST ``body`` to ``url`` once; the response once its headers arrived (status < 500).
 
-    Raises AttemptFailed on connect errors, resets, a first-byte timeout or a 5xx (whose
-    body is read, bounded, into the message). The caller owns and must close the response.
+    Raises AttemptFailed on a connect error, a dropped connection, no headers before
+    ``deadline`` or a 5xx (whose body is read, bounded, into the message). The caller
+    owns and must close the response.
     """
-    for stale_retry in (False, True):
-        try:
-            async with asyncio.timeout(first_byte_s):
-                resp = await session.post(url, data=body, headers=headers)
-        except TimeoutError:
-            raise AttemptFailed(
-                "timeout", f"{url}: no response within {first_byte_s:g} s", timeout=True
-            ) from None
-        except aiohttp.ServerDisconnectedError as exc:
-            if not stale_retry:
-                continue  # an idle pooled connection closed by the backend: once more
-            raise AttemptFailed("reset", f"{url}: connection closed: {exc}") from None
-        except aiohttp.ClientConnectorError as exc:
-            raise AttemptFailed("connect", f"{url}: cannot connect: {exc.os_error}") from None
-        except (aiohttp.ClientError, OSError) as exc:
-            raise AttemptFailed("reset", f"{url}: {type(exc).__name__}: {exc}") from None
-        if resp.status >= 500:
-            detail = await _error_detail(resp)
-            raise AttemptFailed("5xx", f"{url} answered {resp.status}: {detail}")
-        return resp
-    raise AssertionError("unreachable: the loop returns or raises")
+    try:
+        async with asyncio.timeout_at(deadline.at):
+            resp = await session.post(url, data=body, headers=headers)
+    except aiohttp.ClientConnectorError as exc:
+        raise AttemptFailed("connect", f"{url}: cannot connect: {_reason(exc.os_error)}") from None
+    except aiohttp.ConnectionTimeoutError:  # sock_connect: no connection, nothing sent
+        raise AttemptFailed("connect", f"{url}: cannot connect: timed out") from None
+    except TimeoutError:
+        raise AttemptFailed(
+            "timeout", f"{url} did not answer within {deadline.describe()}", timeout=True
+        ) from None
+    except aiohttp.ServerDisconnectedError:
+        raise AttemptFailed("reset", f"{url} closed the connection before answering") from None
+    except (aiohttp.ClientError, OSError) as exc:
+        raise AttemptFailed(
+            "reset", f"{url}: connection failed before answering: {type(exc).__name__}: {exc}"
+        ) from None
+    if resp.status >= 500:
+        detail = await _error_detail(resp)
+        # a gateway's 504 in front of the engine is a timeout; other 5xx a failure
+        cause = "503" if resp.status == 503 else "5xx"
+        msg = f"{url} answered {resp.status}: {detail}"
+        raise AttemptFailed(cause, msg, timeout=resp.status == 504)
+    return resp
+
+
+def _reason(err: OSError) -> str:
+    """The errno's text ("Connection refused"): the OS message repeats the address."""
+    return os.strerror(err.errno) if err.errno else type(err).__name__
 
 
 async def _error_detail(resp: aiohttp.ClientResponse) -> str:

@@ -1,0 +1,261 @@
+"""Hardening of the request path (issue 9): what a client can make the backends do.
+
+Real HTTP on loopback: the router in front of scripted backends that answer 500 or 503,
+reset the connection, hang, send huge bodies or pause mid-stream. Each test counts how
+many times each backend saw the body and reads the circuit state afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from kvroute.router.breaker import CircuitState
+from kvroute.router.config import BreakerConfig, TimeoutConfig
+from tests.router.conftest import Harness
+
+BODY = b'{"model": "m1", "prompt": "hello", "max_tokens": 4}'
+STREAM = b'{"model": "m1", "prompt": "hello", "stream": true}'
+
+
+@dataclass
+class Script:
+    """What one scripted backend does with a completion request, and what it saw."""
+
+    name: str
+    mode: str = "ok"  # ok | 500 | 503 | reset | hang | big | stream
+    delay_s: float = 0.0  # "ok": think this long before answering
+    big_bytes: int = 0  # "big": body size
+    big_length: bool = True  # "big": announce it in Content-Length
+    gaps_s: tuple[float, ...] = ()  # "stream": pause before each event
+    metrics_text: str = ""  # its /metrics page (vLLM gauges)
+    bodies: list[bytes] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)
+    num_cancelled: int = 0  # requests whose connection the router closed
+
+
+class ScriptedBackend:
+    """One scripted backend on loopback (health, models and metrics always answer)."""
+
+    def __init__(self, name: str) -> None:
+        self.script = Script(name)
+        self.release = asyncio.Event()  # ends "hang" handlers at close
+        self.server = TestServer(self._app(), host="127.0.0.1")
+        self.url = ""
+
+    def _app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/metrics", self._metrics)
+        return app
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response()
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "m1"}]})
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(text=self.script.metrics_text)
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        s = self.script
+        s.bodies.append(await request.read())
+        s.headers.append(dict(request.headers))
+        try:
+            return await self._answer(request, s)
+        except (asyncio.CancelledError, ConnectionError):
+            s.num_cancelled += 1
+            raise
+
+    async def _answer(self, request: web.Request, s: Script) -> web.StreamResponse:
+        if s.mode in ("500", "503"):
+            error = {"error": {"message": f"engine says {s.mode}", "type": "x", "code": 1}}
+            return web.json_response(error, status=int(s.mode))
+        if s.mode == "reset":
+            assert request.transport is not None
+            request.transport.close()  # read the body, then drop the connection
+            return web.Response()
+        if s.mode == "hang":
+            await self.release.wait()
+            return web.Response(status=500)
+        if s.mode == "big":
+            return await self._big(request, s)
+        if s.mode == "stream":
+            return await self._stream(request, s)
+        if s.delay_s:
+            await asyncio.sleep(s.delay_s)
+        usage = {"prompt_tokens": 3, "prompt_tokens_details": {"cached_tokens": 2}}
+        return web.json_response({"from": s.name, "usage": usage})
+
+    async def _big(self, request: web.Request, s: Script) -> web.StreamResponse:
+        headers = {"Content-Type": "application/json"}
+        resp = web.StreamResponse(headers=headers)
+        if s.big_length:
+            resp.content_length = s.big_bytes
+        await resp.prepare(request)
+        piece = b" " * 65536
+        for _ in range(s.big_bytes // len(piece)):
+            await resp.write(piece)
+        await resp.write_eof()
+        return resp
+
+    async def _stream(self, request: web.Request, s: Script) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for i, gap_s in enumerate(s.gaps_s):
+            if gap_s:
+                await asyncio.sleep(gap_s)
+            await resp.write(f'data: {{"i": {i}}}\n\n'.encode())
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    async def start(self) -> ScriptedBackend:
+        await self.server.start_server()
+        self.url = str(self.server.make_url("")).rstrip("/")
+        return self
+
+    async def close(self) -> None:
+        self.release.set()
+        await self.server.close()
+
+
+class Backends:
+    """Starts scripted backends; closes them after the routers (request before harness)."""
+
+    def __init__(self) -> None:
+        self.started: list[ScriptedBackend] = []
+
+    async def __call__(self, *modes: str) -> list[ScriptedBackend]:
+        out = []
+        for mode in modes:
+            b = await ScriptedBackend(f"b{len(self.started)}").start()
+            b.script.mode = mode
+            self.started.append(b)
+            out.append(b)
+        return out
+
+
+@pytest.fixture
+async def scripted() -> AsyncIterator[Backends]:
+    """Listed before ``harness`` in a test's arguments, so routers close first."""
+    backends = Backends()
+    yield backends
+    for b in backends.started:
+        await b.close()
+
+
+def _seen(backends: list[ScriptedBackend]) -> list[int]:
+    return [len(b.script.bodies) for b in backends]
+
+
+async def _post(client: Any, body: bytes = BODY) -> tuple[int, dict[str, Any]]:
+    resp = await client.post("/v1/completions", data=body)
+    return resp.status, json.loads(await resp.read())
+
+
+# -- finding 2: a client cannot open the circuits or multiply its own request ---------
+
+
+async def test_requests_the_engine_answers_500_reach_one_backend_and_open_no_circuit(
+    scripted: Backends, harness: Harness
+) -> None:
+    bs = await scripted("500", "500", "500")
+    client = await harness.router([b.url for b in bs], breaker=BreakerConfig(failure_threshold=2))
+    for _ in range(6):
+        status, body = await _post(client)
+        assert status == 502
+        assert "answered 500" in body["error"]["message"]
+        assert "engine says 500" in body["error"]["message"]
+    assert sum(_seen(bs)) == 6, "each request went to one backend only"
+    state = harness.state(client)
+    for b in bs:
+        rt = state.backends.get(b.url)
+        assert rt is not None and rt.breaker.state is CircuitState.CLOSED
+        assert rt.routable
+
+
+async def test_a_body_that_resets_the_connection_is_delivered_once(
+    scripted: Backends, harness: Harness
+) -> None:
+    bs = await scripted("reset", "reset", "reset")
+    client = await harness.router([b.url for b in bs], breaker=BreakerConfig(failure_threshold=2))
+    for i in range(4):
+        status, body = await _post(client)
+        assert status == 502
+        assert "closed the connection" in body["error"]["message"]
+        assert sum(_seen(bs)) == i + 1, "never re-sent, not to the same backend nor another"
+    state = harness.state(client)
+    assert all(state.backends.get(b.url).breaker.state is CircuitState.CLOSED for b in bs)  # type: ignore[union-attr]
+
+
+async def test_a_slow_answer_runs_on_one_backend_then_504_at_response_s(
+    scripted: Backends, harness: Harness
+) -> None:
+    bs = await scripted("hang", "hang", "hang")
+    client = await harness.router(
+        [b.url for b in bs],
+        timeouts=TimeoutConfig(response_s=0.3),
+        breaker=BreakerConfig(failure_threshold=1),
+    )
+    status, body = await _post(client)
+    assert status == 504
+    assert body["error"]["code"] == "backend_timeout"
+    assert "0.3 s" in body["error"]["message"]
+    assert sum(_seen(bs)) == 1
+    state = harness.state(client)
+    assert all(state.backends.get(b.url).breaker.state is CircuitState.CLOSED for b in bs)  # type: ignore[union-attr]
+
+
+async def test_first_byte_s_bounds_stream_headers_and_response_s_whole_answers(
+    scripted: Backends, harness: Harness
+) -> None:
+    slow, hung = await scripted("ok", "hang")
+    slow.script.delay_s = 0.3
+    client = await harness.router(
+        [slow.url], timeouts=TimeoutConfig(first_byte_s=0.05, response_s=30.0)
+    )
+    status, body = await _post(client)
+    assert status == 200, "a whole answer has response_s, not first_byte_s"
+    client = await harness.router([hung.url], timeouts=TimeoutConfig(first_byte_s=0.2))
+    status, body = await _post(client, STREAM)
+    assert status == 504
+    assert "first_byte_s" in body["error"]["message"]
+    assert len(hung.script.bodies) == 1
+
+
+async def test_503_is_retried_once_on_another_backend_and_counts_against_it(
+    scripted: Backends, harness: Harness
+) -> None:
+    bs = await scripted("503", "503", "503")
+    client = await harness.router([b.url for b in bs], breaker=BreakerConfig(failure_threshold=2))
+    status, body = await _post(client)
+    assert status == 502
+    assert "answered 503" in body["error"]["message"]
+    assert sorted(_seen(bs)) == [0, 1, 1], "at most two backends saw the body"
+    for _ in range(3):
+        await _post(client)
+    state = harness.state(client)
+    states = [state.backends.get(b.url).breaker.state for b in bs]  # type: ignore[union-attr]
+    assert states.count(CircuitState.OPEN) >= 2, "503 says the backend cannot take work"
+
+
+async def test_connect_errors_do_not_count_as_deliveries(
+    scripted: Backends, harness: Harness
+) -> None:
+    dead, busy, good = await scripted("ok", "503", "ok")
+    client = await harness.router([dead.url, busy.url, good.url])
+    await dead.close()  # healthy at startup, refuses connections now
+    for _ in range(6):
+        status, _ = await _post(client)
+        assert status == 200
+    assert len(good.script.bodies) == 6
