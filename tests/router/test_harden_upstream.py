@@ -18,7 +18,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from kvroute.router.breaker import CircuitState
-from kvroute.router.config import BreakerConfig, TimeoutConfig
+from kvroute.router.config import BreakerConfig, LimitConfig, TimeoutConfig
+from tests.conftest import until
 from tests.router.conftest import Harness
 
 BODY = b'{"model": "m1", "prompt": "hello", "max_tokens": 4}'
@@ -259,3 +260,33 @@ async def test_connect_errors_do_not_count_as_deliveries(
         status, _ = await _post(client)
         assert status == 200
     assert len(good.script.bodies) == 6
+
+
+# -- finding 4: a whole answer is read up to limits.max_response_bytes --------------
+
+
+@pytest.mark.parametrize("announced", [True, False], ids=["content-length", "chunked"])
+async def test_an_answer_over_max_response_bytes_is_a_502_and_the_upstream_is_closed(
+    scripted: Backends, harness: Harness, announced: bool
+) -> None:
+    (b,) = await scripted("big")
+    b.script.big_bytes = 64 << 20  # more than loopback buffers hold: the sender notices
+    b.script.big_length = announced
+    client = await harness.router([b.url], limits=LimitConfig(max_response_bytes=1 << 20))
+    status, body = await _post(client)
+    assert status == 502
+    assert body["error"]["code"] == "backend_failed"
+    assert "limits.max_response_bytes" in body["error"]["message"]
+    await until(lambda: b.script.num_cancelled == 1)  # the router stopped reading
+
+
+async def test_an_answer_under_max_response_bytes_passes_whole(
+    scripted: Backends, harness: Harness
+) -> None:
+    (b,) = await scripted("big")
+    b.script.big_bytes = 512 << 10
+    b.script.big_length = False
+    client = await harness.router([b.url], limits=LimitConfig(max_response_bytes=1 << 20))
+    resp = await client.post("/v1/completions", data=BODY)
+    assert resp.status == 200
+    assert len(await resp.read()) == 512 << 10

@@ -122,6 +122,8 @@ class LimitConfig:
     max_connections_per_backend: int = 256  # pooled upstream connections per backend
     max_attempts: int = 3  # backends tried per request before 502/503
     retry_backoff_s: float = 0.02  # sleep before attempt k is k * this
+    # a non-streaming answer read whole (for its usage.cached_tokens) is cut here: 502
+    max_response_bytes: int = 64 * 1024 * 1024
 
     def __post_init__(self) -> None:
         _check(self.max_body_bytes >= 1024, "limits.max_body_bytes", "must be >= 1024")
@@ -133,6 +135,7 @@ class LimitConfig:
         )
         _check(1 <= self.max_attempts <= 16, "limits.max_attempts", "must be in [1, 16]")
         _check(0 <= self.retry_backoff_s <= 10, "limits.retry_backoff_s", "must be in [0, 10]")
+        _check(self.max_response_bytes >= 1024, "limits.max_response_bytes", "must be >= 1024")
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,10 @@
 """Relaying one upstream response to the client, after its headers arrived.
 
-Non-streaming: the body is read whole and answered with the backend's status.
+Non-streaming: the body is read whole, up to ``limits.max_response_bytes``, and answered
+with the backend's status. It is capped rather than passed through: the router reads the
+answer's ``usage`` (cached tokens) and can still answer a clean 502 when a backend sends
+something no completion is (a real answer, logprobs included, is kilobytes to a few MB),
+while a pass-through would already have sent a 200 when a body turns out endless.
 Streaming (``text/event-stream``): each chunk is written as it arrives, never buffered.
 One ``asyncio.timeout`` guards the loop: before a read its deadline is the idle gap (capped
 by the total deadline), before a write the total deadline. A backend failure after the
@@ -68,19 +72,35 @@ async def _relay_whole(
     headers: dict[str, str],
     deadline: Deadline,
 ) -> tuple[bool, web.StreamResponse]:
-    url = ticket.url
+    url, cap = ticket.url, state.config.limits.max_response_bytes
     try:
         async with asyncio.timeout_at(deadline.at):
-            body = await resp.read()
+            body = await _read_capped(resp, cap)
     except TimeoutError:
         msg = f"{url} did not finish its answer within {deadline.describe()}"
         raise BackendTimeout(msg) from None
     except (aiohttp.ClientError, OSError) as exc:
         raise BackendFailed(f"{url}: answer cut: {type(exc).__name__}") from None
+    if body is None:
+        raise BackendFailed(f"{url} sent an answer over {cap} bytes (limits.max_response_bytes)")
     now = state.clock()
     state.fleet.on_first_token(ticket, now, _cached_tokens(body))
     state.metrics.of(url).ttft.observe(now - request[NOTE].t0)
     return True, web.Response(body=body, status=resp.status, headers=headers)
+
+
+async def _read_capped(resp: aiohttp.ClientResponse, cap: int) -> bytes | None:
+    """The whole body, or None as soon as it is known to exceed ``cap`` bytes (the caller
+    then closes the connection, so the rest is never read)."""
+    if resp.content_length is not None and resp.content_length > cap:
+        return None
+    parts, size = [], 0
+    while chunk := await resp.content.readany():
+        size += len(chunk)
+        if size > cap:
+            return None
+        parts.append(chunk)
+    return b"".join(parts)
 
 
 def _cached_tokens(body: bytes) -> int | None:
