@@ -19,6 +19,8 @@ COMMANDS: dict[str, str] = {
     "bench": "kvroute.bench.cli",
     "compare": "kvroute.bench.compare_cli",
     "simulate": "kvroute.des.cli",
+    "soak": "kvroute.bench.soak_cli",
+    "chaos": "kvroute.bench.chaos_cli",
 }
 
 
