@@ -27,7 +27,7 @@ from kvroute.router.backends import Backends
 from kvroute.router.clients import ClientGate
 from kvroute.router.config import RouterConfig, backend_public_id
 from kvroute.router.errors import KvrouteError, error_bytes
-from kvroute.router.health import health_loop, probe_all
+from kvroute.router.health import health_loop, make_probe_session, probe_all
 from kvroute.router.kv_subscriber import KvEventSubscriber
 from kvroute.router.metrics import BackendCollector, RouterMetrics
 from kvroute.router.proxy import CHAT_PATH, COMPLETIONS_PATH, handle_chat, handle_completions
@@ -138,11 +138,13 @@ def make_app(
 
 
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
-    """Startup: upstream pool, a first health round, background loops; then teardown."""
+    """Startup: upstream and probe pools, a first health round, background loops; then
+    teardown."""
     state = app[STATE]
     own_session = state.session is None
     if own_session:
         state.session = make_session(state.config)
+    state.probe_session = make_probe_session()
     try:
         if state.kv is not None:
             await state.kv.start()  # feeds run beside the request path, never in it
@@ -159,6 +161,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         if state.kv is not None:
             await state.kv.stop()
         state.backends.close()
+        await state.probe_session.close()
         if own_session and state.session is not None:
             await state.session.close()
 

@@ -4,6 +4,11 @@ Every ``interval_s`` each backend gets ``GET /health`` and, when healthy,
 ``GET /v1/models``; results go to ``Backends.record_probe`` / ``set_models``, which tell
 the Fleet. The loop also ticks time-driven circuit transitions. It never touches load
 counters (a known fault of other routers is a health loop that zeroes them).
+
+Probes and scrapes use their own connection pool (``make_probe_session``), never the
+request pool: a backend whose request connections are all busy with long streams is busy,
+not down, and a probe queued behind those streams would time out and mark it down. Probe
+bodies are read up to a cap; a bigger body is a failed probe.
 """
 
 from __future__ import annotations
@@ -21,24 +26,66 @@ from kvroute.router.state import RouterState
 log = logging.getLogger("kvroute.router.health")
 _decode = msgspec.json.Decoder().decode
 
+PROBE_MAX_BYTES = 1 << 20  # /health and /v1/models bodies (1 MiB: ~5,000 model cards)
+METRICS_MAX_BYTES = 8 << 20  # a /metrics page (vLLM's: ~0.1-0.5 MB per engine)
+
+
+class BodyTooLarge(Exception):
+    """A probe's body went over its cap (the probe or scrape fails)."""
+
+
+def make_probe_session() -> aiohttp.ClientSession:
+    """The probes' own pool. No connection limit, so a probe never queues: each backend
+    has at most three probes in flight by construction (the health round, the scraper, an
+    admin add), so the pool holds at most three connections per backend."""
+    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=4.0)
+    return aiohttp.ClientSession(
+        connector=connector,
+        auto_decompress=False,  # the caps count the bytes on the wire: no zip bombs
+        skip_auto_headers=("User-Agent",),
+        headers={"Accept-Encoding": "identity"},
+        cookie_jar=aiohttp.DummyCookieJar(),
+    )
+
+
+def probe_headers(rt: BackendRuntime) -> dict[str, str]:
+    return {"Authorization": rt.auth_header} if rt.auth_header else {}
+
+
+async def read_capped(resp: aiohttp.ClientResponse, path: str, limit: int) -> bytes:
+    """The whole body, or BodyTooLarge once it passes ``limit`` bytes (read no further)."""
+    if resp.content_length is not None and resp.content_length > limit:
+        raise BodyTooLarge(f"{path}: body over {limit} bytes ({resp.content_length})")
+    body = bytearray()
+    while chunk := await resp.content.readany():
+        body += chunk
+        if len(body) > limit:
+            raise BodyTooLarge(f"{path}: body over {limit} bytes")
+    return bytes(body)
+
 
 async def probe(state: RouterState, rt: BackendRuntime) -> None:
     """One health probe (and model discovery) of one backend."""
-    assert state.session is not None, "probe runs after startup created the session"
+    session = state.probe_session
+    assert session is not None, "probe runs after startup created the probe pool"
     timeout = aiohttp.ClientTimeout(total=state.config.health.timeout_s)
-    headers = {"Authorization": rt.auth_header} if rt.auth_header else {}
+    headers = probe_headers(rt)
     ok, error = False, None
+    path = "/health"
     try:
-        async with state.session.get(rt.url + "/health", timeout=timeout, headers=headers) as r:
+        async with session.get(rt.url + path, timeout=timeout, headers=headers) as r:
             await r.read()
             ok = r.status == 200
             error = None if ok else f"/health answered {r.status}"
         if ok:
-            cards = await _models(state.session, rt.url, timeout, headers)
+            path = "/v1/models"
+            cards = await _models(session, rt.url, timeout, headers)
             if cards is not None:
                 state.backends.set_models(rt.url, cards)
+    except BodyTooLarge as exc:
+        ok, error = False, str(exc)
     except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-        ok, error = False, f"/health: {type(exc).__name__}: {exc}"
+        ok, error = False, f"{path}: {type(exc).__name__}: {exc}"
     was = rt.probe_ok
     state.backends.record_probe(rt.url, ok, error)
     if was != rt.probe_ok:

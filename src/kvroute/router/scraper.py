@@ -14,6 +14,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvroute.router.backends import BackendRuntime, EngineSample
+from kvroute.router.health import BodyTooLarge, probe_headers
 from kvroute.router.state import RouterState
 
 log = logging.getLogger("kvroute.router.scraper")
@@ -70,27 +71,31 @@ def _int_label(labels: dict[str, str], name: str) -> int | None:
         return None
 
 
-async def scrape(state: RouterState, rt: BackendRuntime) -> None:
-    """Scrape one backend; a failure only logs at debug (scraping is best effort)."""
-    assert state.session is not None, "scrape runs after startup created the session"
+async def scrape(state: RouterState, rt: BackendRuntime) -> str | None:
+    """Scrape one backend (on the probe pool, body capped); the error, None when it
+    worked. Scraping is best effort: a failure leaves the last sample in place."""
+    session = state.probe_session
+    assert session is not None, "scrape runs after startup created the probe pool"
     timeout = aiohttp.ClientTimeout(total=state.config.health.timeout_s)
-    headers = {"Authorization": rt.auth_header} if rt.auth_header else {}
     try:
-        async with state.session.get(rt.url + "/metrics", timeout=timeout, headers=headers) as r:
+        async with session.get(
+            rt.url + "/metrics", timeout=timeout, headers=probe_headers(rt)
+        ) as r:
             if r.status != 200:
-                return
-            text = await r.text()
-    except (aiohttp.ClientError, OSError, TimeoutError, UnicodeDecodeError) as exc:
-        log.debug("scrape of %s failed: %s", rt.url, exc)
-        return
-    try:
-        sample = parse_engine_metrics(text)
+                return f"/metrics answered {r.status}"
+            raw = await r.read()
+        sample = parse_engine_metrics(raw.decode())
+    except BodyTooLarge as exc:
+        return str(exc)
+    except UnicodeDecodeError:
+        return "/metrics: not UTF-8"
+    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        return f"/metrics: {type(exc).__name__}: {exc}"
     except ValueError as exc:
-        log.debug("metrics of %s unreadable: %s", rt.url, exc)
-        return
-    if state.backends.get(rt.url) is not rt:
-        return  # removed while we waited
-    apply_sample(state, rt, sample)
+        return f"/metrics unreadable: {exc}"
+    if state.backends.get(rt.url) is rt:  # else removed while we waited
+        apply_sample(state, rt, sample)
+    return None
 
 
 def apply_sample(state: RouterState, rt: BackendRuntime, sample: EngineSample) -> None:
@@ -109,11 +114,24 @@ def apply_sample(state: RouterState, rt: BackendRuntime, sample: EngineSample) -
 
 
 async def scrape_loop(state: RouterState) -> None:
+    """Scrape every healthy backend each ``scrape_interval_s``; a backend's failure is
+    logged when it starts (a warning) and when it ends, not every round."""
     interval_s = state.config.health.scrape_interval_s
+    url_to_error: dict[str, str] = {}
     while True:
         targets = [rt for rt in state.backends if rt.probe_ok]
         try:
-            await asyncio.gather(*(scrape(state, rt) for rt in targets))
+            errors = await asyncio.gather(*(scrape(state, rt) for rt in targets))
+            for rt, error in zip(targets, errors, strict=True):
+                _log_change(rt.url, url_to_error.get(rt.url), error)
+            url_to_error = {rt.url: e for rt, e in zip(targets, errors, strict=True) if e}
         except Exception:  # a bug here must not stop scraping
             log.exception("scrape round failed")
         await asyncio.sleep(interval_s)
+
+
+def _log_change(url: str, before: str | None, now: str | None) -> None:
+    if now is not None and before is None:
+        log.warning("scrape of %s failed: %s", url, now)
+    elif now is None and before is not None:
+        log.info("scrape of %s works again", url)

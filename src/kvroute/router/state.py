@@ -32,6 +32,8 @@ class RouterState:
     gate: ClientGate
     metrics: RouterMetrics
     session: aiohttp.ClientSession | None = None  # upstream pool; set at startup
+    # the probes' own pool (health, /v1/models, /metrics); made and closed by the app
+    probe_session: aiohttp.ClientSession | None = None
     shutting_down: bool = False  # /health answers 503 and new requests get 503
     num_in_flight: int = 0  # proxied requests being handled now
     # background tasks of this app (health, scraper, probes of added backends)
