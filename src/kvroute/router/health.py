@@ -74,7 +74,7 @@ async def probe(state: RouterState, rt: BackendRuntime) -> None:
     path = "/health"
     try:
         async with session.get(rt.url + path, timeout=timeout, headers=headers) as r:
-            await r.read()
+            await read_capped(r, path, PROBE_MAX_BYTES)
             ok = r.status == 200
             error = None if ok else f"/health answered {r.status}"
         if ok:
@@ -100,7 +100,7 @@ async def _models(
     headers: dict[str, str],
 ) -> list[dict[str, Any]] | None:
     async with session.get(url + "/v1/models", timeout=timeout, headers=headers) as r:
-        raw = await r.read()
+        raw = await read_capped(r, "/v1/models", PROBE_MAX_BYTES)
         if r.status != 200:
             return None
     try:

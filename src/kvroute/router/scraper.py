@@ -14,7 +14,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvroute.router.backends import BackendRuntime, EngineSample
-from kvroute.router.health import BodyTooLarge, probe_headers
+from kvroute.router.health import METRICS_MAX_BYTES, BodyTooLarge, probe_headers, read_capped
 from kvroute.router.state import RouterState
 
 log = logging.getLogger("kvroute.router.scraper")
@@ -83,7 +83,7 @@ async def scrape(state: RouterState, rt: BackendRuntime) -> str | None:
         ) as r:
             if r.status != 200:
                 return f"/metrics answered {r.status}"
-            raw = await r.read()
+            raw = await read_capped(r, "/metrics", METRICS_MAX_BYTES)
         sample = parse_engine_metrics(raw.decode())
     except BodyTooLarge as exc:
         return str(exc)
