@@ -8,7 +8,9 @@ many times each backend saw the body and reads the circuit state afterwards.
 from __future__ import annotations
 
 import asyncio
+import io
 import json
+import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +19,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from kvroute.core.keys import Prompt
+from kvroute.router import proxy
 from kvroute.router.breaker import CircuitState
 from kvroute.router.config import BreakerConfig, LimitConfig, TimeoutConfig
 from tests.conftest import until
@@ -290,3 +294,54 @@ async def test_an_answer_under_max_response_bytes_passes_whole(
     resp = await client.post("/v1/completions", data=BODY)
     assert resp.status == 200
     assert len(await resp.read()) == 512 << 10
+
+
+# -- finding 10: big prompts are keyed off the event loop -----------------------------
+
+
+async def test_the_default_body_limit_fits_a_1m_token_prompt_not_more(
+    scripted: Backends, harness: Harness
+) -> None:
+    (b,) = await scripted("ok")
+    client = await harness.router([b.url], limits=LimitConfig(retry_backoff_s=0.0))
+    assert LimitConfig().max_body_bytes == 4 << 20
+    over = b'{"model": "m1", "prompt": "' + b"a" * (4 << 20) + b'"}'
+    resp = await client.post("/v1/completions", data=io.BytesIO(over))  # chunked
+    assert resp.status == 413
+    assert (await resp.json())["error"]["code"] == "request_too_large"
+    assert not b.script.bodies
+
+
+async def test_a_big_exact_mode_prompt_is_keyed_while_the_router_keeps_answering(
+    scripted: Backends, harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The built-in tokenizer is held inside the big request's keying until the test has
+    seen /health and a small request answered: possible only if keying left the loop."""
+    (b,) = await scripted("ok")
+    client = await harness.router([b.url], policy="prefix", mode="exact")
+    started, go = threading.Event(), threading.Event()
+    order: list[str] = []
+    real = proxy.prompt_token_ids
+
+    def held(prompt: Prompt) -> list[int]:
+        if prompt.text is not None and len(prompt.text) > 100_000:
+            started.set()
+            go.wait(10.0)  # on the loop this would block everything for 10 s
+            order.append("big keyed")
+        return real(prompt)
+
+    monkeypatch.setattr(proxy, "prompt_token_ids", held)
+    big = asyncio.ensure_future(
+        client.post("/v1/completions", json={"model": "m1", "prompt": "word " * 60_000})
+    )
+    await until(started.is_set)
+    assert (await client.get("/health")).status == 200
+    order.append("health")
+    small = await client.post("/v1/completions", json={"model": "m1", "prompt": "hi"})
+    assert small.status == 200
+    order.append("small")
+    go.set()
+    resp = await big
+    assert resp.status == 200
+    assert order == ["health", "small", "big keyed"]
+    assert b.script.bodies[-1].startswith(b'{"model": "m1", "prompt": "word word')

@@ -120,7 +120,7 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         lookup = self._piece_to_id.get  # a rotation mid-text leaves it on the old generation
         ids = []
-        for piece in _PIECE.findall(text):
+        for piece in _pieces(text):
             token_id = lookup(piece)
             ids.append(self._learn(piece) if token_id is None else token_id)
         return ids
@@ -141,6 +141,27 @@ class Tokenizer:
 
 def _piece_id(piece: str) -> int:
     return NUM_SPECIAL + xxhash.xxh32_intdigest(piece.encode()) % (VOCAB_SIZE - NUM_SPECIAL)
+
+
+_SLICE_CHARS = 1 << 16
+_CUT = re.compile(r"(?<=\S) (?=\S)")  # no piece spans a space between two non-spaces
+
+
+def _pieces(text: str) -> list[str]:
+    """``_PIECE.findall(text)`` in slices of about 64K characters, cut where no piece
+    spans: one C call on a megabyte prompt would hold the GIL for 0.1 s, so a thread
+    tokenizing it (the router's, for big prompts) gives the event loop a turn between
+    slices."""
+    if len(text) <= _SLICE_CHARS:
+        return _PIECE.findall(text)
+    out: list[str] = []
+    start = 0
+    while start < len(text):
+        cut = _CUT.search(text, start + _SLICE_CHARS)
+        end = cut.start() if cut else len(text)
+        out += _PIECE.findall(text, start, end)
+        start = end
+    return out
 
 
 _default: Tokenizer | None = None

@@ -117,7 +117,10 @@ class TimeoutConfig:
 class LimitConfig:
     """Sizes and counts that bound the router's resources."""
 
-    max_body_bytes: int = 10 * 1024 * 1024  # larger request bodies get 413
+    # larger request bodies get 413. A 1M-token context is about 4 MB of text (~4 bytes a
+    # token), the largest prompt a served model takes today; more only costs parse and
+    # keying time (and memory) per request
+    max_body_bytes: int = 4 * 1024 * 1024
     max_connections: int = 1024  # pooled upstream connections in total
     max_connections_per_backend: int = 256  # pooled upstream connections per backend
     max_attempts: int = 3  # backends tried per request before 502/503

@@ -17,13 +17,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from aiohttp import web
 
 from kvroute.core.keys import Prompt, PromptError, chain_seed, prompt_block_hashes, salt_of
 from kvroute.core.policy.base import Decision, RouteRequest
-from kvroute.core.token_keys import exact_route_keys, prompt_token_ids
+from kvroute.core.token_keys import PromptTokenizer, exact_route_keys, prompt_token_ids
 from kvroute.router.clients import client_address, is_trusted
 from kvroute.router.errors import (
     BadRequest,
@@ -41,6 +43,12 @@ log = logging.getLogger("kvroute.router.requests")
 CHAT_PATH = "/v1/chat/completions"
 # below this body size a thread hop (~50-100 us) costs more than tokenizing in place
 OFF_LOOP_MIN_BYTES = 8_192
+# a body this big is parsed and keyed in a thread (built-in tokenizer or text keys), so
+# the loop keeps answering meanwhile (a 4 MiB prompt: ~0.5 s of tokenizing). Pure Python
+# holds the GIL, but the loop gets it back every 5 ms (sys.getswitchinterval; the
+# tokenizer's regex runs in slices for that), so below ~3 ms of work (64 KiB of text) a
+# thread would give nothing back
+OFF_LOOP_KEYS_BYTES = 65_536
 COMPLETIONS_PATH = "/v1/completions"
 # backends one body may reach: the first, and one more after a 503 (connect errors do
 # not count: nothing was sent)
@@ -93,7 +101,10 @@ async def _route_request(
     state: RouterState, request: web.Request, raw: bytes, *, chat: bool
 ) -> tuple[RouteRequest, bool]:
     """(what the Fleet routes on, whether the client asked for a stream)."""
-    parsed, body = parse_completion_body(raw, chat=chat)
+    if len(raw) >= OFF_LOOP_KEYS_BYTES:
+        parsed, body = await asyncio.to_thread(parse_completion_body, raw, chat=chat)
+    else:
+        parsed, body = parse_completion_body(raw, chat=chat)
     model = parsed.model
     if model is None:
         model = state.backends.only_model()
@@ -128,26 +139,43 @@ async def _route_keys(
     body_bytes: int,
 ) -> tuple[list[int], int]:
     """(block keys, prompt tokens): the engine's token ids while the model is routed on KV
-    events (exact keys), else text keys and a token estimate. A real model's tokenizer
-    runs in a thread for long bodies (milliseconds of Rust that release the GIL)."""
+    events (exact keys), else text keys and a token estimate. Long bodies are keyed in a
+    thread: a real model's tokenizer above OFF_LOOP_MIN_BYTES (Rust that releases the
+    GIL), the built-in one and text keys above OFF_LOOP_KEYS_BYTES."""
     fleet = state.fleet
     bs = fleet.block_size_for(model)
     # a salted request shares cache only with its salt, an adapter's only with itself
     lora = model if model is not None and model in state.backends.adapters else None
     seed = chain_seed(salt_of(body), lora)
+    off_loop = body_bytes >= OFF_LOOP_KEYS_BYTES
+    work: Callable[[], tuple[list[int], int]]
     if fleet.key_kind_for(model) != "tokens":
-        return prompt_block_hashes(prompt, bs, seed), prompt.num_tokens_estimate
-    tokenizer = state.tokenizer_for(model)
-    try:
+        work = partial(_text_keys, prompt, bs, seed)
+    else:
+        tokenizer = state.tokenizer_for(model)
         if tokenizer is BUILTIN_TOKENIZER:
-            ids = prompt_token_ids(prompt)  # the body is parsed already
-        elif tokenizer.off_loop and body_bytes >= OFF_LOOP_MIN_BYTES:
-            ids = await asyncio.to_thread(tokenizer.token_ids, body, chat)
+            work = partial(_builtin_keys, prompt, bs, seed)  # the body is parsed already
         else:
-            ids = tokenizer.token_ids(body, chat)
+            work = partial(_tokenizer_keys, tokenizer, body, chat, bs, seed)
+            off_loop = tokenizer.off_loop and body_bytes >= OFF_LOOP_MIN_BYTES
+    try:
+        return await asyncio.to_thread(work) if off_loop else work()
     except PromptError as exc:
         raise BadRequest(str(exc)) from None
-    return exact_route_keys(ids, bs, seed)
+
+
+def _text_keys(prompt: Prompt, bs: int, seed: int) -> tuple[list[int], int]:
+    return prompt_block_hashes(prompt, bs, seed), prompt.num_tokens_estimate
+
+
+def _builtin_keys(prompt: Prompt, bs: int, seed: int) -> tuple[list[int], int]:
+    return exact_route_keys(prompt_token_ids(prompt), bs, seed)
+
+
+def _tokenizer_keys(
+    tokenizer: PromptTokenizer, body: dict[str, Any], chat: bool, bs: int, seed: int
+) -> tuple[list[int], int]:
+    return exact_route_keys(tokenizer.token_ids(body, chat), bs, seed)
 
 
 def _upstream_headers(state: RouterState, request: web.Request, url: str) -> dict[str, str]:
