@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import logging
 import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -75,7 +76,7 @@ class ScriptedBackend:
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         s = self.script
         s.bodies.append(await request.read())
-        s.headers.append(dict(request.headers))
+        s.headers.append({k.lower(): v for k, v in request.headers.items()})
         try:
             return await self._answer(request, s)
         except (asyncio.CancelledError, ConnectionError):
@@ -345,3 +346,27 @@ async def test_a_big_exact_mode_prompt_is_keyed_while_the_router_keeps_answering
     assert resp.status == 200
     assert order == ["health", "small", "big keyed"]
     assert b.script.bodies[-1].startswith(b'{"model": "m1", "prompt": "word word')
+
+
+# -- finding 12: the engine gets the router's request id, the client keeps its own ----
+
+
+async def test_the_upstream_request_id_is_the_routers_not_the_clients(
+    scripted: Backends, harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    (b,) = await scripted("ok")
+    client = await harness.router([b.url])
+    caplog.set_level(logging.DEBUG, logger="kvroute.router.requests")
+    answers = []
+    for _ in range(2):  # two tenants that picked the same id
+        resp = await client.post("/v1/completions", data=BODY, headers={"x-request-id": "r-1"})
+        assert resp.status == 200
+        answers.append(resp.headers["x-request-id"])
+    plain = await client.post("/v1/completions", data=BODY)
+    upstream = [h["x-request-id"] for h in b.script.headers]
+    assert answers == ["r-1", "r-1"], "the client gets its own id back"
+    assert "r-1" not in upstream
+    assert len(set(upstream)) == 3, "each request has its own id upstream"
+    assert plain.headers["x-request-id"] == upstream[2], "no client id: one id end to end"
+    logged = caplog.text
+    assert all(f"r-1 (upstream {u})" in logged for u in upstream[:2])

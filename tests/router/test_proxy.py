@@ -50,12 +50,13 @@ async def test_streaming_chunks_identical_to_direct(harness: Harness) -> None:
     assert direct.endswith(b"data: [DONE]\n\n")
 
 
-async def test_request_id_propagated(harness: Harness) -> None:
+async def test_request_id_echoed_and_replaced_upstream(harness: Harness) -> None:
     b = await harness.backend("a")
     client = await harness.router([b.url])
     resp = await client.post("/v1/completions", data=BODY, headers={"x-request-id": "abc-123"})
     assert resp.headers["x-request-id"] == "abc-123"
-    assert b.state.requests[-1]["headers"]["x-request-id"] == "abc-123"
+    # the engine gets the router's id: clients' ids may collide (issue 9, finding 12)
+    assert b.state.requests[-1]["headers"]["x-request-id"] != "abc-123"
 
 
 async def test_round_robin_spreads_and_model_aware_routing(harness: Harness) -> None:

@@ -112,13 +112,18 @@ async def _route_request(
             raise BadRequest("'model' is required: this router serves several models")
     elif not state.backends.model_is_known(model):
         raise ModelNotFound(f"the model '{model}' does not exist on any backend")
-    rid = request.headers.get("x-request-id") or new_request_id()
-    request[NOTE].request_id = rid
+    # the engine gets an id of ours (vLLM may use it as its own request id: two clients
+    # must not collide); the client's own id stays in its answer's header and our logs
+    rid = new_request_id()
+    request[NOTE].request_id = request.headers.get("x-request-id") or rid
     if state.config.log_prompts:  # off by default: prompts are private
         client = client_address(
             request.remote, request.headers.get("X-Forwarded-For"), state.config.trusted_proxies
         )
-        log.info("request %s from %s model %s prompt %r", rid, client, model, parsed.prompt)
+        log.info(
+            "request %s (upstream %s) from %s model %s prompt %r",
+            request[NOTE].request_id, rid, client, model, parsed.prompt,
+        )  # fmt: skip
     hashes, num_tokens = await _route_keys(state, model, parsed.prompt, body, chat, len(raw))
     route_req = RouteRequest(
         request_id=rid,
@@ -178,11 +183,13 @@ def _tokenizer_keys(
     return exact_route_keys(tokenizer.token_ids(body, chat), bs, seed)
 
 
-def _upstream_headers(state: RouterState, request: web.Request, url: str) -> dict[str, str]:
+def _upstream_headers(
+    state: RouterState, request: web.Request, url: str, rid: str
+) -> dict[str, str]:
     h = request.headers
     headers = {
         "Content-Type": "application/json",
-        "x-request-id": request[NOTE].request_id,
+        "x-request-id": rid,
         "Accept-Encoding": h.get("Accept-Encoding", "identity"),
     }
     rt = state.backends.get(url)
@@ -242,7 +249,10 @@ async def _forward(
                 answer = _sooner(total, loop.time(), timeouts.first_byte_s, "first_byte_s")
             else:
                 answer = _sooner(total, loop.time(), timeouts.response_s, "response_s")
-            headers = _upstream_headers(state, request, url)
+            headers = _upstream_headers(state, request, url, req.request_id)
+            if log.isEnabledFor(logging.DEBUG):
+                client_rid = request[NOTE].request_id
+                log.debug("request %s (upstream %s) -> %s", client_rid, req.request_id, url)
             try:
                 resp = await open_upstream(state.session, url + path, raw, headers, answer)
             except AttemptFailed as exc:
