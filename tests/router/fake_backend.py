@@ -22,6 +22,7 @@ class FakeState:
     name: str
     model: str = "m1"
     adapters: tuple[str, ...] = ()  # LoRA adapters of ``model`` it also serves
+    max_model_len: int | None = None  # listed on its model card when set (as vLLM does)
     fail_status: int | None = None  # answer completions with this status
     health_status: int = 200
     stall_s: float = 0.0  # sleep before answering
@@ -86,7 +87,9 @@ def make_fake_app(state: FakeState) -> web.Application:
         return resp
 
     async def models(request: web.Request) -> web.Response:
-        cards = [{"id": state.model, "object": "model", "parent": None}]
+        cards: list[dict[str, Any]] = [{"id": state.model, "object": "model", "parent": None}]
+        if state.max_model_len is not None:
+            cards[0]["max_model_len"] = state.max_model_len
         cards += [{"id": a, "object": "model", "parent": state.model} for a in state.adapters]
         return web.json_response({"object": "list", "data": cards})
 

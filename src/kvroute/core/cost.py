@@ -28,12 +28,17 @@ replica with free cache over a full one holding other prefixes (so the fleet's t
 cache is used, instead of piling new prefixes onto whichever replica shares a first
 block), and keeps overflow of a long prefix from flushing another replica's prefix
 unless the queue it avoids is worth more.
+
+Token counts enter through ``clamp_count`` (core/load.py), so a client's absurd number
+costs a huge but finite time instead of an OverflowError.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
+
+from kvroute.core.load import clamp_count
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,8 +74,9 @@ class CostConfig:
 
 def work_tokens(uncached_tokens: int, cached_tokens: int, config: CostConfig) -> float:
     """Prefill work of a request in linear-token equivalents (attention included)."""
-    pairs = uncached_tokens * (cached_tokens + uncached_tokens / 2)
-    return uncached_tokens + config.attention_tokens_per_pair * pairs
+    uncached, cached = clamp_count(uncached_tokens), clamp_count(cached_tokens)
+    pairs = uncached * (cached + uncached / 2)
+    return uncached + config.attention_tokens_per_pair * pairs
 
 
 def kv_shortage(need_tokens: float, free_tokens: float, capacity_tokens: float) -> float:
@@ -98,9 +104,12 @@ def estimate_ttft_s(
     pinned by running requests minus prefills queued ahead); ``decode_tokens``: the KV its
     output will add; ``evicted_tokens``: cached tokens its new blocks push out.
     """
-    cached = max(0, min(cached_tokens, num_prompt_tokens - 1))
+    num_prompt_tokens = clamp_count(num_prompt_tokens)
+    cached = max(0, min(clamp_count(cached_tokens), num_prompt_tokens - 1))
     uncached = max(0, num_prompt_tokens - cached)
-    queue_wait_s = queued_prefill_tokens / prefill_tokens_per_s
+    decode_tokens = clamp_count(decode_tokens)
+    evicted_tokens = clamp_count(evicted_tokens)
+    queue_wait_s = clamp_count(queued_prefill_tokens) / prefill_tokens_per_s
     prefill_s = max(
         config.min_prefill_s, work_tokens(uncached, cached, config) / prefill_tokens_per_s
     )

@@ -8,11 +8,17 @@ until the engine's events confirm it. The caller's loop per request is:
 load counted, blocks recorded in the index) -> ``on_first_token`` (prefill done; the
 rate learns) -> ``finish`` (load released, exactly once). Scraped engine metrics come in
 through ``update_engine_stats``. Time is always an argument; nothing here does I/O.
+
+Numbers from clients and engines are bounded where they enter (``clamp_count``), and
+``dispatch`` is all or nothing: a ticket the caller never gets is load never released.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import heapq
+import math
 from bisect import bisect_left, insort
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
@@ -25,7 +31,7 @@ import xxhash
 from kvroute.core.cost import CostConfig, PrefillRate, estimate_ttft_s, work_tokens
 from kvroute.core.index import LruCacheModel, PrefixIndex
 from kvroute.core.kv_sync import MODES, ExactSync, KvOutcome
-from kvroute.core.load import BackendLoad, Ticket
+from kvroute.core.load import MAX_COUNT, BackendLoad, Ticket, clamp_count
 from kvroute.core.policy.base import (
     Decision,
     LoadView,
@@ -40,6 +46,25 @@ _WILD = "\x00wild"  # group of backends whose model list is unknown (serve any m
 
 
 MIN_OWN_RATE_SAMPLES = 3  # first tokens a backend needs before its own rate is used
+MAX_BLOCK_SIZE = 1 << 16  # larger scraped or announced block sizes are not believed
+
+
+def _block_size(value: object) -> int | None:
+    """A block size an engine reported, or None when it is not a plausible one."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_BLOCK_SIZE:
+        return value
+    return None
+
+
+def _bounded(req: RouteRequest) -> RouteRequest:
+    """``req`` with token counts in [0, MAX_COUNT]: policies and the cost model do float
+    arithmetic on them, which a client's 10**308 would overflow."""
+    n, m = req.num_prompt_tokens, req.max_tokens
+    if 0 <= n <= MAX_COUNT and 0 <= m <= MAX_COUNT:
+        return req
+    return dataclasses.replace(req, num_prompt_tokens=clamp_count(n), max_tokens=clamp_count(m))
 
 
 class FleetListener(Protocol):
@@ -284,8 +309,8 @@ class Fleet:
         """Add a backend (not draining). ValueError if present or weight <= 0."""
         if url in self._backends:
             raise ValueError(f"backend already in the fleet: {url}")
-        if not weight > 0:
-            raise ValueError(f"weight must be > 0, got {weight}")
+        if not 0 < weight < math.inf:
+            raise ValueError(f"weight must be > 0 and finite, got {weight}")
         self._next_epoch += 1
         b = _Backend(url, self._next_epoch, models, float(weight), self.config.cost)
         b.healthy = healthy
@@ -374,12 +399,15 @@ class Fleet:
             return
         b.load.observe_engine(num_running, num_waiting)
         if kv_cache_usage is not None:
-            b.kv_cache_usage = min(1.0, max(0.0, float(kv_cache_usage)))
-        if block_size is not None and block_size >= 1 and block_size != b.block_size:
-            b.block_size = int(block_size)
+            # compared, not converted: nan is 0, an int too big for a float is 1
+            u = kv_cache_usage
+            b.kv_cache_usage = 1.0 if u > 1 else float(u) if u > 0 else 0.0
+        size = _block_size(block_size)
+        if size is not None and size != b.block_size:
+            b.block_size = size
             self._invalidate()
         if num_gpu_blocks is not None and num_gpu_blocks >= 1:
-            b.num_gpu_blocks = int(num_gpu_blocks)
+            b.num_gpu_blocks = clamp_count(num_gpu_blocks)
             self.index.set_capacity(url, b.num_gpu_blocks)
         self._count_engine(b, 0, prefix_cache_hits)
         self._count_engine(b, 1, prefix_cache_queries)
@@ -390,6 +418,7 @@ class Fleet:
         """Accumulate the delta of a cumulative counter; a drop means the engine restarted."""
         if value is None:
             return
+        value = clamp_count(value)
         last = b.engine_counters[i]
         if last is not None:
             delta = value - last if value >= last else value
@@ -421,6 +450,7 @@ class Fleet:
 
     def route(self, req: RouteRequest, now: float, exclude: Iterable[str] = ()) -> Decision | None:
         """The policy's decision for ``req`` among eligible backends not in ``exclude``."""
+        req = _bounded(req)
         self.sync.expire(now)
         view = _View(self, req.model, frozenset(exclude), self.block_size_for(req.model))
         if not self._order.url_to_entry:
@@ -428,35 +458,66 @@ class Fleet:
         return self.policy.choose(req, view, now)
 
     def dispatch(self, decision: Decision, req: RouteRequest, now: float) -> Ticket:
-        """Commit to ``decision.backend``: count the load, record the prompt's blocks there."""
+        """Commit to ``decision.backend``: count the load, record the prompt's blocks there.
+
+        All or nothing: the ticket and the new means are computed before any counter
+        moves, and a hook that raises afterwards (index, policy, listener) has the
+        dispatch undone before the exception propagates.
+        """
         b = self._get(decision.backend)
+        req = _bounded(req)
         self.sync.expire(now)
         cached = self.predicted_cached_tokens(b.url, req)
-        self._next_ticket += 1
         ticket = Ticket(
-            ticket_id=self._next_ticket,
+            ticket_id=self._next_ticket + 1,
             url=b.url,
             request_id=req.request_id,
             epoch=b.epoch,
             dispatched_at_s=now,
             num_prompt_tokens=req.num_prompt_tokens,
             uncached_tokens=max(0, req.num_prompt_tokens - cached),
-            decode_tokens=max(0, req.max_tokens),
+            decode_tokens=req.max_tokens,
             predicted_cached_tokens=cached,
             queued_ahead_tokens=b.load.queued_prefill_tokens,
         )
-        b.load.acquire(ticket)
+        means_before = (b.load.mean_uncached_tokens, b.load.mean_decode_tokens)
+        means = b.load.means_after(ticket)
+        # commit: from here on only counters move
+        self._next_ticket = ticket.ticket_id
+        b.load.acquire(ticket, means)
         b.open_tickets[ticket.ticket_id] = ticket
         b.predicted[0] += cached
         b.predicted[1] += req.num_prompt_tokens
         b.num_dispatched += 1
-        if not self.sync.speculate(b.url, ticket.ticket_id, req.block_hashes, now):
-            self.index.insert(b.url, req.block_hashes)
-        self._reorder(b)
-        self.policy.on_routed(decision, req, now)
-        for listener in self.listeners:
-            listener.on_dispatch(ticket, decision, req, now)
+        told = 0  # listeners that heard of the dispatch
+        try:
+            if not self.sync.speculate(b.url, ticket.ticket_id, req.block_hashes, now):
+                self.index.insert(b.url, req.block_hashes)
+            self._reorder(b)
+            self.policy.on_routed(decision, req, now)
+            for listener in self.listeners:
+                listener.on_dispatch(ticket, decision, req, now)
+                told += 1
+        except BaseException:
+            self._undo_dispatch(b, ticket, means_before, now, told)
+            raise
         return ticket
+
+    def _undo_dispatch(
+        self, b: _Backend, ticket: Ticket, means: tuple[float, float], now: float, told: int
+    ) -> None:
+        """Take back a dispatch whose hooks raised (``means``: the load's before it)."""
+        ticket.is_finished, ticket.ok = True, False
+        self.sync.withdraw(ticket.ticket_id)
+        b.load.unacquire(ticket, means)
+        del b.open_tickets[ticket.ticket_id]
+        b.predicted[0] -= ticket.predicted_cached_tokens
+        b.predicted[1] -= ticket.num_prompt_tokens
+        b.num_dispatched -= 1
+        self._reorder(b)
+        for listener in self.listeners[:told]:  # they mirror the dispatch: end it there too
+            with contextlib.suppress(Exception):  # the first error is the one to report
+                listener.on_finish(ticket, now, False)
 
     def predicted_cached_tokens(self, url: str, req: RouteRequest) -> int:
         """Tokens of ``req`` the cache model of ``url`` holds, as the engine would report them."""
@@ -469,22 +530,23 @@ class Fleet:
         """Prefill done: release queued prefill tokens, learn the prefill rate (once)."""
         if ticket.is_finished or ticket.first_token_at_s is not None:
             return
-        ticket.first_token_at_s = now
-        for listener in self.listeners:
-            listener.on_first_token(ticket, now, cached_tokens)
-        b = self._live(ticket)
-        if b is None:
-            return
-        b.load.release_prefill(ticket)
-        cached = ticket.predicted_cached_tokens
         if cached_tokens is not None:
-            self._record_cached_tokens(b, ticket, cached_tokens)
-            cached = ticket.reported_cached_tokens or 0
-        uncached = max(0, ticket.num_prompt_tokens - cached)
-        work = ticket.queued_ahead_tokens + work_tokens(uncached, cached, self.config.cost)
-        b.rate.observe(work, now - ticket.dispatched_at_s)
-        self.fleet_rate.observe(work / b.weight, now - ticket.dispatched_at_s)
-        self._reorder(b)
+            cached_tokens = clamp_count(cached_tokens)  # the engine's word: bounded first
+        ticket.first_token_at_s = now
+        b = self._live(ticket)
+        if b is not None:
+            b.load.release_prefill(ticket)
+            cached = ticket.predicted_cached_tokens
+            if cached_tokens is not None:
+                self._record_cached_tokens(b, ticket, cached_tokens)
+                cached = ticket.reported_cached_tokens or 0
+            uncached = max(0, ticket.num_prompt_tokens - cached)
+            work = ticket.queued_ahead_tokens + work_tokens(uncached, cached, self.config.cost)
+            b.rate.observe(work, now - ticket.dispatched_at_s)
+            self.fleet_rate.observe(work / b.weight, now - ticket.dispatched_at_s)
+            self._reorder(b)
+        for listener in self.listeners:  # last: one that raises cannot skew the load
+            listener.on_first_token(ticket, now, cached_tokens)
 
     def prefill_rate_of(self, b: _Backend) -> float:
         """``b``'s learned rate, or the fleet's (scaled by weight) until it has its own."""
@@ -501,6 +563,7 @@ class Fleet:
         b = self._live(ticket)
         if b is None or ticket.reported_cached_tokens is not None:
             return
+        cached_tokens = clamp_count(cached_tokens)
         self._record_cached_tokens(b, ticket, cached_tokens)
         for listener in self.listeners:
             listener.on_cached_tokens(ticket, cached_tokens)
@@ -508,7 +571,7 @@ class Fleet:
     def _record_cached_tokens(self, b: _Backend, ticket: Ticket, cached_tokens: int) -> None:
         if ticket.reported_cached_tokens is not None:
             return
-        cached = max(0, min(int(cached_tokens), ticket.num_prompt_tokens))
+        cached = min(clamp_count(cached_tokens), ticket.num_prompt_tokens)
         ticket.reported_cached_tokens = cached
         r = b.reported
         r[0] += cached
@@ -523,19 +586,20 @@ class Fleet:
             return
         ticket.is_finished = True
         ticket.ok = ok
-        for listener in self.listeners:
-            listener.on_finish(ticket, now, ok)
         if not ok:
             self.sync.withdraw(ticket.ticket_id)  # the engine will not cache its blocks
         b = self._live(ticket)
-        if b is None:
-            return
-        b.load.release(ticket)
-        del b.open_tickets[ticket.ticket_id]
-        if not ok:
-            b.num_failed += 1
-        self._reorder(b)
-        self.policy.on_finished(b.url, ticket.request_id, now, ok)
+        if b is not None:
+            b.load.release(ticket)
+            del b.open_tickets[ticket.ticket_id]
+            if not ok:
+                b.num_failed += 1
+            self._reorder(b)
+        # hooks last: one that raises cannot keep the load counted
+        for listener in self.listeners:
+            listener.on_finish(ticket, now, ok)
+        if b is not None:
+            self.policy.on_finished(b.url, ticket.request_id, now, ok)
 
     def _live(self, ticket: Ticket) -> _Backend | None:
         b = self._backends.get(ticket.url)
@@ -577,8 +641,9 @@ class Fleet:
         self.sync.expire(now)
         if b.block_size is None:
             sizes = [e.block_size for e in events if isinstance(e, BlockStored)]
-            if sizes and sizes[0] >= 1:
-                b.block_size = sizes[0]
+            size = _block_size(sizes[0]) if sizes else None
+            if size is not None:
+                b.block_size = size
                 self._invalidate()
         was_exact = self.sync.is_exact(url)
         outcome = self.sync.apply_batch(url, seq, ts, events, lag_s)

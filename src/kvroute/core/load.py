@@ -6,6 +6,11 @@ scraped gauge would show only a scrape interval later. Each request holds one ``
 its counts are released exactly once: prefill tokens at the first token (or at the end,
 whichever comes first), everything at finish, error, timeout or client disconnect.
 Finishing a ticket twice is a no-op.
+
+Counts that reach this module come from clients (``max_tokens``) and engines (gauges), so
+they pass through ``clamp_count`` first: every sum and product below stays a finite float
+and ``int()`` of it can never raise (an OverflowError after ``acquire`` once leaked a
+ticket and took a backend out of routing for good).
 """
 
 from __future__ import annotations
@@ -15,6 +20,19 @@ from dataclasses import dataclass
 PRIOR_UNCACHED_TOKENS = 512.0  # mean uncached prompt tokens before any request was seen
 PRIOR_DECODE_TOKENS = 256.0  # mean decode tokens before any request was seen
 MEAN_ALPHA = 0.1  # EWMA weight of one request in the per-backend means
+# Largest count the load arithmetic holds, tokens or requests: 2**53 is exact as a float,
+# far above any real request, and a fleet's sum of them stays finite.
+MAX_COUNT = 1 << 53
+
+
+def clamp_count(value: float) -> int:
+    """``value`` as a count in [0, MAX_COUNT]: negatives and nan are 0, huge ints and inf
+    are MAX_COUNT (compared, never converted, so an int of any size cannot overflow)."""
+    if type(value) is int and 0 <= value <= MAX_COUNT:
+        return value  # the common case: two comparisons
+    if value != value:  # nan
+        return 0
+    return int(min(max(value, 0), MAX_COUNT))
 
 
 @dataclass(slots=True)
@@ -73,15 +91,31 @@ class BackendLoad:
         self.mean_uncached_tokens = PRIOR_UNCACHED_TOKENS  # EWMA per dispatched request
         self.mean_decode_tokens = PRIOR_DECODE_TOKENS  # EWMA per dispatched request
 
-    def acquire(self, ticket: Ticket) -> None:
-        """Count a just-dispatched request."""
+    def means_after(self, ticket: Ticket) -> tuple[float, float]:
+        """(mean uncached, mean decode tokens) once ``ticket`` is counted; changes nothing,
+        so a caller can compute everything before it commits (``acquire``)."""
+        a = MEAN_ALPHA
+        uncached = self.mean_uncached_tokens
+        decode = self.mean_decode_tokens
+        return (
+            uncached + a * (clamp_count(ticket.uncached_tokens) - uncached),
+            decode + a * (clamp_count(ticket.decode_tokens) - decode),
+        )
+
+    def acquire(self, ticket: Ticket, means: tuple[float, float] | None = None) -> None:
+        """Count a just-dispatched request (``means``: its ``means_after``, if computed)."""
+        means = self.means_after(ticket) if means is None else means
         self.in_flight_requests += 1
         self.queued_prefill_requests += 1
         self.queued_prefill_tokens_ours += ticket.uncached_tokens
         self.decode_tokens += ticket.decode_tokens
-        a = MEAN_ALPHA
-        self.mean_uncached_tokens += a * (ticket.uncached_tokens - self.mean_uncached_tokens)
-        self.mean_decode_tokens += a * (ticket.decode_tokens - self.mean_decode_tokens)
+        self.mean_uncached_tokens, self.mean_decode_tokens = means
+
+    def unacquire(self, ticket: Ticket, means: tuple[float, float]) -> None:
+        """Undo ``acquire`` exactly (``means``: the values before it): a dispatch that
+        failed after counting leaves no trace."""
+        self.release(ticket)
+        self.mean_uncached_tokens, self.mean_decode_tokens = means
 
     def release_prefill(self, ticket: Ticket) -> None:
         """The request's prefill is done (first token): its uncached tokens leave the queue."""
@@ -100,9 +134,9 @@ class BackendLoad:
     def observe_engine(self, num_running: int | None, num_waiting: int | None) -> None:
         """Record the engine's scraped gauges (None keeps the previous value)."""
         if num_running is not None:
-            self.engine_num_running = max(0, int(num_running))
+            self.engine_num_running = clamp_count(num_running)
         if num_waiting is not None:
-            self.engine_num_waiting = max(0, int(num_waiting))
+            self.engine_num_waiting = clamp_count(num_waiting)
 
     @property
     def requests(self) -> int:

@@ -3,7 +3,9 @@
 A backend is *routable* exactly when its last active probes say healthy and its circuit
 breaker is not open; the Fleet is told (``set_healthy``) whenever that changes, so the
 request path never loops over the fleet. Model lists come from each backend's
-``/v1/models``; ``model_is_known`` answers "404 or 503?" in O(1).
+``/v1/models``; ``model_is_known`` answers "404 or 503?" in O(1), and
+``check_context`` refuses a ``max_tokens`` above the model's context (vLLM's cards carry
+``max_model_len``) in O(1) too.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from typing import Any, Protocol
 
 from kvroute.router.breaker import CircuitBreaker, CircuitState
 from kvroute.router.config import BackendConfig, BreakerConfig, HealthConfig
+from kvroute.router.errors import BadRequest
+from kvroute.router.request import ParsedRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +57,8 @@ class BackendRuntime:
     models: tuple[str, ...] = ()  # ids from /v1/models, empty until discovered
     model_cards: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> card
     adapters: frozenset[str] = frozenset()  # ids whose card names a "parent" (LoRA)
+    # id -> the card's max_model_len (None: the card does not say)
+    model_to_max_len: dict[str, int | None] = field(default_factory=dict)
     draining: bool = False  # takes no new requests; in-flight ones finish
     routable: bool = False  # what the Fleet was last told via set_healthy
     last_error: str | None = None  # last probe or request failure, for the status page
@@ -85,6 +91,8 @@ class Backends:
         self._by_url: dict[str, BackendRuntime] = {}
         self._model_refs: dict[str, int] = {}  # model -> number of backends listing it
         self._num_unlisted = 0  # backends whose model list is unknown (serve anything)
+        # model -> the largest context a backend listing it serves (None: one does not say)
+        self._model_to_max_len: dict[str, int | None] = {}
         self.adapters: frozenset[str] = frozenset()  # LoRA adapter ids of any backend
         self._timers: dict[str, Any] = {}  # url -> pending half-open re-check
         self.num_routable = 0
@@ -125,6 +133,7 @@ class Backends:
             timer.cancel()
         self._set_models(rt, ())
         self._set_adapters(rt, frozenset())
+        self._set_max_lens(rt, {})
         self._num_unlisted -= 1
         if rt.routable:
             self.num_routable -= 1
@@ -227,6 +236,43 @@ class Backends:
         rt.model_cards = {str(c["id"]): c for c in cards if isinstance(c, dict) and "id" in c}
         self._set_models(rt, tuple(sorted(rt.model_cards)))
         self._set_adapters(rt, frozenset(m for m, c in rt.model_cards.items() if c.get("parent")))
+        self._set_max_lens(rt, {m: _max_len(c) for m, c in rt.model_cards.items()})
+
+    def _set_max_lens(self, rt: BackendRuntime, lens: dict[str, int | None]) -> None:
+        """Recompute the fleet-wide context of the models whose card changed (rare: cards
+        are re-read every probe, but they change only when a backend does)."""
+        if lens == rt.model_to_max_len:
+            return
+        changed = set(lens) | set(rt.model_to_max_len)
+        rt.model_to_max_len = lens
+        for m in changed:
+            listed = [r.model_to_max_len[m] for r in self if m in r.model_to_max_len]
+            known = [n for n in listed if n is not None]
+            if not listed:
+                self._model_to_max_len.pop(m, None)
+            else:
+                self._model_to_max_len[m] = max(known) if len(known) == len(listed) else None
+
+    def max_model_len(self, model: str) -> int | None:
+        """The largest context any backend that may serve ``model`` gives it, from the
+        cards' ``max_model_len``; None when unknown (a card does not say, or a backend
+        whose model list is unknown might serve it). The largest, not the smallest: a
+        request is refused only when no backend could take it."""
+        if self._num_unlisted:
+            return None
+        return self._model_to_max_len.get(model)
+
+    def check_context(self, model: str | None, parsed: ParsedRequest) -> None:
+        """BadRequest when the client's own max_tokens exceeds ``model``'s context (the
+        engines would refuse it; the router's default is never refused)."""
+        if model is None or parsed.max_tokens_field is None:
+            return
+        limit = self.max_model_len(model)
+        if limit is not None and parsed.max_tokens > limit:
+            raise BadRequest(
+                f"'{parsed.max_tokens_field}' must be at most {limit}, "
+                f"the context length of model '{model}'"
+            )
 
     def _set_adapters(self, rt: BackendRuntime, adapters: frozenset[str]) -> None:
         """vLLM lists a LoRA adapter with its base model as "parent"; its KV never mixes
@@ -271,3 +317,11 @@ class Backends:
                 for mid, card in rt.model_cards.items():
                     seen.setdefault(mid, card)
         return [seen[m] for m in sorted(seen)]
+
+
+def _max_len(card: dict[str, Any]) -> int | None:
+    """A card's ``max_model_len`` when it is a positive integer (vLLM lists it)."""
+    value = card.get("max_model_len")
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    return None

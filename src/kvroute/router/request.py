@@ -1,4 +1,8 @@
-"""Parse and check a completion request body once; the bytes are forwarded unchanged."""
+"""Parse and check a completion request body once; the bytes are forwarded unchanged.
+
+Every number the router reads is bounded here, with a 400 naming the field: the load
+counters do arithmetic on them, and a client's 10**308 once overflowed it (issue 9).
+"""
 
 from __future__ import annotations
 
@@ -15,6 +19,9 @@ _decode = msgspec.json.Decoder().decode
 # max_tokens assumed when the client sends none (OpenAI completions default is 16;
 # chat has no cap, so a typical answer length stands in for the load estimate)
 DEFAULT_MAX_TOKENS = {False: 16, True: 256}
+# Largest max_tokens taken when no model card gives the context (``Backends.check_context``
+# applies that one): above every released model's context (10M), far below overflow.
+MAX_TOKENS_CAP = 1 << 24
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +32,7 @@ class ParsedRequest:
     stream: bool  # SSE response expected
     prompt: Prompt  # routing text or token ids
     max_tokens: int  # the client's cap, or DEFAULT_MAX_TOKENS
+    max_tokens_field: str | None = None  # the field the client set it with; None: default
 
 
 def parse_completion(raw: bytes, *, chat: bool) -> ParsedRequest:
@@ -58,15 +66,21 @@ def parse_completion_body(raw: bytes, *, chat: bool) -> tuple[ParsedRequest, dic
         prompt = prompt_of(body, chat)
     except PromptError as exc:
         raise BadRequest(str(exc)) from None
-    return ParsedRequest(model, stream, prompt, _max_tokens(body, chat)), body
+    max_tokens, field = _max_tokens(body, chat)
+    return ParsedRequest(model, stream, prompt, max_tokens, field), body
 
 
-def _max_tokens(body: dict[str, Any], chat: bool) -> int:
-    for name in ("max_completion_tokens", "max_tokens"):
+def _max_tokens(body: dict[str, Any], chat: bool) -> tuple[int, str | None]:
+    """(the decode cap, the field that set it): ``max_completion_tokens`` wins when both
+    are set, and both are checked."""
+    found: tuple[int, str | None] = (DEFAULT_MAX_TOKENS[chat], None)
+    for name in ("max_tokens", "max_completion_tokens"):
         value = body.get(name)
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise BadRequest(f"'{name}' must be a positive integer")
-        return value
-    return DEFAULT_MAX_TOKENS[chat]
+        if value > MAX_TOKENS_CAP:  # never echoed: str() of a 5,000-digit int raises
+            raise BadRequest(f"'{name}' must be at most {MAX_TOKENS_CAP}")
+        found = (value, name)
+    return found
