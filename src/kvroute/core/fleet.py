@@ -41,8 +41,25 @@ from kvroute.core.policy.base import (
 )
 from kvroute.engine.kv_events import BlockStored, KvEvent
 
-_ALL = "\x00all"  # load-order group of every orderable backend
-_WILD = "\x00wild"  # group of backends whose model list is unknown (serve any model)
+
+class _Key:
+    """A group or cache key no model name can equal (a client picks names: any string)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<{self.name}>"
+
+
+_ALL = _Key("all")  # load-order group of every orderable backend
+_WILD = _Key("wild")  # group of backends whose model list is unknown (serve any model)
+# Per-model cache key of every name no backend lists: only the wildcard backends can serve
+# such a name, so one entry answers for all of them (client-chosen names add none).
+_UNLISTED = _Key("unlisted")
+Group = str | _Key  # a model name or one of the keys above
 
 
 MIN_OWN_RATE_SAMPLES = 3  # first tokens a backend needs before its own rate is used
@@ -209,7 +226,7 @@ class _Backend:
         self.num_failed = 0
         self.tiebreak = xxhash.xxh3_64_intdigest(url.encode())
 
-    def groups(self) -> tuple[str, ...]:
+    def groups(self) -> tuple[Group, ...]:
         return (_ALL, *sorted(self.models)) if self.models else (_ALL, _WILD)
 
     def serves(self, model: str | None) -> bool:
@@ -229,9 +246,9 @@ class _LoadOrder:
     """
 
     def __init__(self) -> None:
-        self.group_to_keys: dict[str, list[tuple[float, int, str]]] = {}
+        self.group_to_keys: dict[Group, list[tuple[float, int, str]]] = {}
         self.url_to_entry: dict[
-            str, tuple[tuple[float, int, str], tuple[str, ...], int, float]
+            str, tuple[tuple[float, int, str], tuple[Group, ...], int, float]
         ] = {}
         self.total_tokens = 0  # over entries
         self.total_weight = 0.0
@@ -291,9 +308,11 @@ class Fleet:
         self._order = _LoadOrder()
         self._next_epoch = 0
         self._next_ticket = 0
-        self._model_to_eligible: dict[str | None, tuple[str, ...]] = {}  # cache
-        self._model_to_block_size: dict[str | None, int] = {}  # cache
-        self._model_to_key_kind: dict[str | None, str] = {}  # cache
+        # caches keyed by _cache_key: listed models, None and _UNLISTED only
+        self._model_to_eligible: dict[Group | None, tuple[str, ...]] = {}
+        self._model_to_block_size: dict[Group | None, int] = {}
+        self._model_to_key_kind: dict[Group | None, str] = {}
+        self._model_refs: dict[str, int] = {}  # model -> backends listing it
         self.sync = ExactSync(self.index, self.config.mode, self.config.speculative_ttl_s)
         # Prefill rate per unit of weight over the whole fleet: the prior of a backend
         # that has not served enough requests to have its own (else a backend that starts
@@ -315,6 +334,7 @@ class Fleet:
         b = _Backend(url, self._next_epoch, models, float(weight), self.config.cost)
         b.healthy = healthy
         self._backends[url] = b
+        self._count_models(b.models, 1)
         self.index.add_backend(url, LruCacheModel(self.config.default_capacity_blocks))
         self.sync.add_backend(url)
         self._membership_changed(b)
@@ -324,6 +344,7 @@ class Fleet:
         b = self._backends.pop(url, None)
         if b is None:
             return
+        self._count_models(b.models, -1)
         self.index.remove_backend(url)
         self.sync.remove_backend(url)
         self._order.discard(url)
@@ -332,8 +353,23 @@ class Fleet:
 
     def set_models(self, url: str, models: Iterable[str]) -> None:
         b = self._get(url)
+        self._count_models(b.models, -1)
         b.models = frozenset(models)
+        self._count_models(b.models, 1)
         self._membership_changed(b)
+
+    def _count_models(self, models: Iterable[str], delta: int) -> None:
+        refs = self._model_refs
+        for m in models:
+            n = refs.get(m, 0) + delta
+            if n:
+                refs[m] = n
+            else:
+                del refs[m]
+
+    def _cache_key(self, model: str | None) -> Group | None:
+        """``model`` when some backend lists it (or None), else the one shared key."""
+        return model if model is None or model in self._model_refs else _UNLISTED
 
     def set_healthy(self, url: str, healthy: bool) -> None:
         """An unhealthy backend also loses its scraped engine gauges: a dead engine's last
@@ -427,23 +463,25 @@ class Fleet:
 
     def block_size_for(self, model: str | None) -> int:
         """Block size the keys of ``model`` are cut to: the most common among eligible backends."""
-        cached = self._model_to_block_size.get(model)
+        key = self._cache_key(model)
+        cached = self._model_to_block_size.get(key)
         if cached is not None:
             return cached
         default = self.config.default_block_size
         sizes = Counter(self._backends[u].block_size or default for u in self._eligible(model))
         # Most common; among equals the smaller (deterministic).
         size = min(sizes.items(), key=lambda kv: (-kv[1], kv[0]))[0] if sizes else default
-        self._model_to_block_size[model] = size
+        self._model_to_block_size[key] = size
         return size
 
     def _eligible(self, model: str | None) -> tuple[str, ...]:
-        cached = self._model_to_eligible.get(model)
+        key = self._cache_key(model)
+        cached = self._model_to_eligible.get(key)
         if cached is None:
             cached = tuple(
                 sorted(u for u, b in self._backends.items() if b.is_orderable and b.serves(model))
             )
-            self._model_to_eligible[model] = cached
+            self._model_to_eligible[key] = cached
         return cached
 
     # -- the request path --------------------------------------------------------------
@@ -610,12 +648,13 @@ class Fleet:
     def key_kind_for(self, model: str | None) -> str:
         """ "tokens" when ``model``'s requests need token keys (token_block_hashes over the
         engine's token ids), else "text" (prompt_block_hashes); the proxy asks per request."""
-        kind = self._model_to_key_kind.get(model)
+        key = self._cache_key(model)
+        kind = self._model_to_key_kind.get(key)
         if kind is None:
             mode = self.config.mode
             synced = any(self.sync.is_exact(u) for u in self._eligible(model))
             kind = "tokens" if mode == "exact" or (mode == "auto" and synced) else "text"
-            self._model_to_key_kind[model] = kind
+            self._model_to_key_kind[key] = kind
         return kind
 
     def is_exact(self, url: str) -> bool:
@@ -723,6 +762,8 @@ class Fleet:
         assert set(self.index.url_to_model) == set(self._backends), "fleet: index membership"
         orderable = {u for u, b in self._backends.items() if b.is_orderable}
         assert set(self._order.url_to_entry) == orderable, "fleet: load order membership"
+        listed = Counter(m for b in self._backends.values() for m in b.models)
+        assert listed == self._model_refs, "fleet: listed-model counts"
         for url, b in self._backends.items():
             b.load.check_invariants()
             tickets = b.open_tickets.values()

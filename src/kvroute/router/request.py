@@ -6,6 +6,7 @@ counters do arithmetic on them, and a client's 10**308 once overflowed it (issue
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,9 @@ DEFAULT_MAX_TOKENS = {False: 16, True: 256}
 # Largest max_tokens taken when no model card gives the context (``Backends.check_context``
 # applies that one): above every released model's context (10M), far below overflow.
 MAX_TOKENS_CAP = 1 << 24
+# "model" names longer than this get 400 (limits.max_model_name_chars; the proxy passes it)
+DEFAULT_MAX_MODEL_NAME_CHARS = 256
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # no served model's name holds these
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,12 +39,16 @@ class ParsedRequest:
     max_tokens_field: str | None = None  # the field the client set it with; None: default
 
 
-def parse_completion(raw: bytes, *, chat: bool) -> ParsedRequest:
+def parse_completion(
+    raw: bytes, *, chat: bool, max_model_name_chars: int = DEFAULT_MAX_MODEL_NAME_CHARS
+) -> ParsedRequest:
     """BadRequest (400) naming the field for anything a backend would refuse as malformed."""
-    return parse_completion_body(raw, chat=chat)[0]
+    return parse_completion_body(raw, chat=chat, max_model_name_chars=max_model_name_chars)[0]
 
 
-def parse_completion_body(raw: bytes, *, chat: bool) -> tuple[ParsedRequest, dict[str, Any]]:
+def parse_completion_body(
+    raw: bytes, *, chat: bool, max_model_name_chars: int = DEFAULT_MAX_MODEL_NAME_CHARS
+) -> tuple[ParsedRequest, dict[str, Any]]:
     """``parse_completion`` plus the decoded body (a real model's chat template needs it)."""
     if not raw:
         raise BadRequest("request body is empty; expected a JSON object")
@@ -51,8 +59,8 @@ def parse_completion_body(raw: bytes, *, chat: bool) -> tuple[ParsedRequest, dic
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
     model = body.get("model")
-    if model is not None and (not isinstance(model, str) or not model):
-        raise BadRequest("'model' must be a non-empty string")
+    if model is not None:
+        _check_model(model, max_model_name_chars)
     stream = body.get("stream", False)
     if stream is None:
         stream = False
@@ -84,3 +92,14 @@ def _max_tokens(body: dict[str, Any], chat: bool) -> tuple[int, str | None]:
             raise BadRequest(f"'{name}' must be at most {MAX_TOKENS_CAP}")
         found = (value, name)
     return found
+
+
+def _check_model(model: Any, max_chars: int) -> None:
+    """A name that could be served: it keys routing state until it is refused, so its
+    length is bounded and it holds no control characters."""
+    if not isinstance(model, str) or not model:
+        raise BadRequest("'model' must be a non-empty string")
+    if len(model) > max_chars:
+        raise BadRequest(f"'model' must be at most {max_chars} characters")
+    if _CONTROL.search(model):
+        raise BadRequest("'model' must not contain control characters")
