@@ -26,6 +26,9 @@ MAX_TOKENS_CAP = 1 << 24
 # "model" names longer than this get 400 (limits.max_model_name_chars; the proxy passes it)
 DEFAULT_MAX_MODEL_NAME_CHARS = 256
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # no served model's name holds these
+# Deepest nesting of arrays and objects a body may have: real tool schemas stay well under
+# it; ~1,000 levels make the decoder (or any recursive walk after it) raise RecursionError.
+MAX_JSON_DEPTH = 128
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,10 +55,7 @@ def parse_completion_body(
     """``parse_completion`` plus the decoded body (a real model's chat template needs it)."""
     if not raw:
         raise BadRequest("request body is empty; expected a JSON object")
-    try:
-        body = _decode(raw)
-    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    body = _decode_checked(raw)
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
     model = body.get("model")
@@ -76,6 +76,38 @@ def parse_completion_body(
         raise BadRequest(str(exc)) from None
     max_tokens, field = _max_tokens(body, chat)
     return ParsedRequest(model, stream, prompt, max_tokens, field), body
+
+
+def _decode_checked(raw: bytes) -> Any:
+    """The decoded body, or BadRequest when it is not JSON or nests deeper than
+    MAX_JSON_DEPTH. The walk runs only when the bracket count allows such a depth."""
+    too_deep = BadRequest(f"request body is nested more than {MAX_JSON_DEPTH} levels deep")
+    try:
+        body = _decode(raw)
+    except RecursionError:
+        raise too_deep from None
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and _nests_deeper(body, MAX_JSON_DEPTH):
+        raise too_deep
+    return body
+
+
+def _nests_deeper(body: Any, limit: int) -> bool:
+    """True when arrays and objects in ``body`` nest more than ``limit`` deep. Iterative,
+    one level at a time; a container of scalars (a token-id list) is passed over at C speed."""
+    level, depth = [body], 1
+    while level:
+        if depth > limit:
+            return True
+        below: list[Any] = []
+        for node in level:
+            children = node.values() if type(node) is dict else node
+            kinds = set(map(type, children))
+            if list in kinds or dict in kinds:
+                below.extend(c for c in children if type(c) is list or type(c) is dict)
+        level, depth = below, depth + 1
+    return False
 
 
 def _max_tokens(body: dict[str, Any], chat: bool) -> tuple[int, str | None]:
