@@ -23,7 +23,7 @@ from aiohttp.test_utils import TestServer
 from kvroute.core.keys import Prompt
 from kvroute.router import proxy
 from kvroute.router.breaker import CircuitState
-from kvroute.router.config import BreakerConfig, LimitConfig, TimeoutConfig
+from kvroute.router.config import BreakerConfig, HealthConfig, LimitConfig, TimeoutConfig
 from tests.conftest import until
 from tests.router.conftest import Harness
 
@@ -42,6 +42,7 @@ class Script:
     big_length: bool = True  # "big": announce it in Content-Length
     gaps_s: tuple[float, ...] = ()  # "stream": pause before each event
     metrics_text: str = ""  # its /metrics page (vLLM gauges)
+    health_status: int = 200  # what /health answers
     bodies: list[bytes] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
     num_cancelled: int = 0  # requests whose connection the router closed
@@ -65,7 +66,7 @@ class ScriptedBackend:
         return app
 
     async def _health(self, request: web.Request) -> web.Response:
-        return web.Response()
+        return web.Response(status=self.script.health_status)
 
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response({"data": [{"id": "m1"}]})
@@ -370,3 +371,97 @@ async def test_the_upstream_request_id_is_the_routers_not_the_clients(
     assert plain.headers["x-request-id"] == upstream[2], "no client id: one id end to end"
     logged = caplog.text
     assert all(f"r-1 (upstream {u})" in logged for u in upstream[:2])
+
+
+# -- finding 15: a stream the engine is still working on is not cut at idle_s --------
+
+BUSY = "vllm:num_requests_running 1\nvllm:num_requests_waiting 3\n"
+IDLE = "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n"
+
+
+async def _paused_stream(
+    scripted: Backends,
+    harness: Harness,
+    metrics: str,
+    gaps_s: tuple[float, ...],
+    *,
+    stall_s: float,
+) -> tuple[ScriptedBackend, Any, str]:
+    """A stream that pauses between events, its router (idle_s 0.1 s, scraping its
+    gauges), and the text the client received."""
+    (b,) = await scripted("stream")
+    b.script.gaps_s = gaps_s
+    b.script.metrics_text = metrics
+    client = await harness.router(
+        [b.url],
+        timeouts=TimeoutConfig(idle_s=0.1, stall_s=stall_s),
+        health=HealthConfig(interval_s=3600, timeout_s=1.0, scrape_interval_s=0.05),
+    )
+    rt = harness.state(client).backends.get(b.url)
+    assert rt is not None
+    await until(lambda: rt.engine is not None)
+    resp = await client.post("/v1/completions", data=STREAM)
+    assert resp.status == 200
+    return b, client, (await resp.read()).decode()
+
+
+async def _idle_again(harness: Harness, client: Any, b: ScriptedBackend) -> None:
+    """Healthy and reporting no work again (the teardown's leak check reads merged load)."""
+    b.script.metrics_text, b.script.health_status = IDLE, 200
+    rt = harness.state(client).backends.get(b.url)
+    assert rt is not None
+    await until(lambda: rt.probe_ok and rt.engine is not None and rt.engine.num_waiting == 0)
+
+
+async def test_a_stream_paused_by_a_busy_healthy_engine_is_waited_for(
+    scripted: Backends, harness: Harness
+) -> None:
+    b, client, text = await _paused_stream(scripted, harness, BUSY, (0.0, 0.6, 0.0), stall_s=30)
+    assert '"error"' not in text
+    assert [f'"i": {i}' in text for i in range(3)] == [True] * 3
+    assert text.endswith("data: [DONE]\n\n")
+    await _idle_again(harness, client, b)
+
+
+async def test_a_stream_paused_by_an_idle_engine_is_cut_and_says_so(
+    scripted: Backends, harness: Harness
+) -> None:
+    b, client, text = await _paused_stream(scripted, harness, IDLE, (0.0, 5.0), stall_s=30)
+    assert '"code":504' in text and "no running or waiting request" in text
+    assert text.endswith("data: [DONE]\n\n")
+    rt = harness.state(client).backends.get(b.url)
+    assert rt is not None and rt.breaker.failures == 0, "a slow request is not a dead backend"
+    await until(lambda: b.script.num_cancelled == 1)  # the engine was told to stop
+
+
+async def test_a_busy_engine_is_waited_for_up_to_stall_s(
+    scripted: Backends, harness: Harness
+) -> None:
+    b, client, text = await _paused_stream(scripted, harness, BUSY, (0.0, 5.0), stall_s=0.4)
+    assert '"code":504' in text and "timeouts.stall_s" in text
+    rt = harness.state(client).backends.get(b.url)
+    assert rt is not None and rt.breaker.failures == 0
+    await _idle_again(harness, client, b)
+
+
+async def test_a_stream_of_a_backend_that_turned_unhealthy_is_cut_and_charged(
+    scripted: Backends, harness: Harness
+) -> None:
+    (b,) = await scripted("stream")
+    b.script.gaps_s = (0.0, 5.0)
+    b.script.metrics_text = BUSY
+    client = await harness.router(
+        [b.url],
+        timeouts=TimeoutConfig(idle_s=0.1, stall_s=30),
+        health=HealthConfig(interval_s=0.05, timeout_s=1.0, scrape_interval_s=0.05),
+    )
+    rt = harness.state(client).backends.get(b.url)
+    assert rt is not None
+    await until(lambda: rt.engine is not None)
+    resp = await client.post("/v1/completions", data=STREAM)
+    await resp.content.readany()  # the first event: the stream is paused now
+    b.script.health_status = 500
+    text = (await resp.read()).decode()
+    assert '"code":504' in text and "unhealthy" in text
+    assert rt.breaker.failures == 1 or rt.breaker.state is not CircuitState.CLOSED
+    await _idle_again(harness, client, b)

@@ -106,6 +106,10 @@ class TimeoutConfig:
     # non-streaming: request sent -> whole answer read (a long generation with no stream
     # runs minutes; a hung one must still end)
     response_s: float = 600.0
+    # a stream silent for idle_s is still waited for while its backend is healthy and its
+    # scraped gauges say the engine has requests running or waiting (it may have
+    # preempted this one), up to this long without a token; at least idle_s
+    stall_s: float = 600.0
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -7,12 +7,15 @@ something no completion is (a real answer, logprobs included, is kilobytes to a 
 while a pass-through would already have sent a 200 when a body turns out endless.
 Streaming (``text/event-stream``): each chunk is written as it arrives, never buffered.
 One ``asyncio.timeout`` guards the loop: before a read its deadline is the idle gap (capped
-by the total deadline), before a write the total deadline. A backend failure after the
-first byte ends the stream with an SSE error event and ``[DONE]``, never a retry. A client
-that goes away closes the upstream response, so the engine aborts the request.
+by the total deadline), before a write the total deadline. A stream silent for the idle
+gap goes on while the engine is alive and working (``_keep_waiting``), up to
+``timeouts.stall_s``. A backend failure after the first byte ends the stream with an SSE
+error event and ``[DONE]``, never a retry. A client that goes away closes the upstream
+response, so the engine aborts the request.
 
 Neither a cut body nor a slow one counts against the backend's circuit: either may be
-what this request caused (health probes tell a dead backend apart).
+what this request caused (health probes tell a dead backend apart). Only a stream cut
+because its backend's probes failed is charged.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from aiohttp import web
 
 from kvroute.core.load import Ticket
 from kvroute.core.policy.base import Decision
+from kvroute.router.breaker import CircuitState
 from kvroute.router.errors import BackendFailed, BackendTimeout
 from kvroute.router.state import NOTE, RouterState
 from kvroute.router.upstream import Deadline, copy_response_headers
@@ -124,42 +128,29 @@ async def _relay_stream(
     total: Deadline,
 ) -> tuple[bool, web.StreamResponse]:
     url = ticket.url
-    deadline = total.at
-    idle_s = state.config.timeouts.idle_s
-    loop = asyncio.get_running_loop()
     out = web.StreamResponse(status=resp.status, headers=headers)
     await out.prepare(request)
-    first = True
-    tail = b"\n\n"  # end of the last chunk written: is an SSE event open?
-    last = b""  # the stream's last bytes: the usage chunk (cached_tokens) comes at the end
-    read = resp.content.readany
+    relay = _StreamRelay(state, request, resp, ticket, out, total)
+    loop = asyncio.get_running_loop()
+    wait_s = state.config.timeouts.idle_s
     try:
-        async with asyncio.timeout(None) as guard:
-            while True:
-                guard.reschedule(min(deadline, loop.time() + idle_s))
-                chunk = await read()
-                if not chunk:
+        while True:
+            try:
+                if await relay.pump(wait_s):
                     break
-                if first:
-                    first = False
-                    now = state.clock()
-                    state.fleet.on_first_token(ticket, now)
-                    state.metrics.of(url).ttft.observe(now - request[NOTE].t0)
-                guard.reschedule(deadline)
-                try:
-                    await out.write(chunk)
-                except ConnectionError:
-                    raise ClientGone from None
-                tail = chunk[-2:]
-                last = (last + chunk)[-_USAGE_TAIL_BYTES:]
+            except TimeoutError:
+                if loop.time() >= total.at:
+                    raise _Cut(f"request exceeded {total.describe()}") from None
+                # silent for a while: go on while the engine says it is working on it
+                wait_s = _keep_waiting(state, url, loop.time() - relay.last_chunk_at)
     except ClientGone:
         state.metrics.client_disconnects.inc()
         return True, out  # the backend did not fail; resp.close() in relay() cancels it
-    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+    except (_Cut, aiohttp.ClientError, OSError) as exc:
         state.metrics.midstream_failures.labels(url).inc()
-        await _write_sse_error(out, exc, tail)
+        await _write_sse_error(out, exc, relay.tail)
         return False, out
-    cached = _stream_cached_tokens(last)
+    cached = _stream_cached_tokens(relay.last)
     if cached is not None:
         state.fleet.record_cached_tokens(ticket, cached)
     try:
@@ -167,6 +158,91 @@ async def _relay_stream(
     except ConnectionError:  # the client closed after the last event ([DONE]): not a failure
         state.metrics.client_disconnects.inc()
     return True, out
+
+
+class _StreamRelay:
+    """One stream's copy loop and what it has seen (resumable after a silent spell)."""
+
+    __slots__ = ("first", "last", "last_chunk_at", "loop", "out", "request", "resp", "state",
+                 "tail", "ticket", "total")  # fmt: skip
+
+    def __init__(
+        self,
+        state: RouterState,
+        request: web.Request,
+        resp: aiohttp.ClientResponse,
+        ticket: Ticket,
+        out: web.StreamResponse,
+        total: Deadline,
+    ) -> None:
+        self.state, self.request, self.ticket = state, request, ticket
+        self.resp, self.out, self.total = resp, out, total
+        self.loop = asyncio.get_running_loop()
+        self.first = True
+        self.tail = b"\n\n"  # end of the last chunk written: is an SSE event open?
+        self.last = b""  # the stream's last bytes: the usage chunk (cached_tokens) is last
+        self.last_chunk_at = self.loop.time()
+
+    async def pump(self, wait_s: float) -> bool:
+        """Copy chunks until the end (True); TimeoutError after ``wait_s`` without one (or
+        at the total deadline). One ``asyncio.timeout``, rescheduled: no task per chunk."""
+        read, deadline, loop = self.resp.content.readany, self.total.at, self.loop
+        idle_s = self.state.config.timeouts.idle_s
+        async with asyncio.timeout(None) as guard:
+            while True:
+                guard.reschedule(min(deadline, loop.time() + wait_s))
+                chunk = await read()
+                if not chunk:
+                    return True
+                self.last_chunk_at = loop.time()
+                wait_s = idle_s
+                if self.first:
+                    self._first_token()
+                guard.reschedule(deadline)
+                try:
+                    await self.out.write(chunk)
+                except ConnectionError:
+                    raise ClientGone from None
+                self.tail = chunk[-2:]
+                self.last = (self.last + chunk)[-_USAGE_TAIL_BYTES:]
+
+    def _first_token(self) -> None:
+        self.first = False
+        now = self.state.clock()
+        self.state.fleet.on_first_token(self.ticket, now)
+        self.state.metrics.of(self.ticket.url).ttft.observe(now - self.request[NOTE].t0)
+
+
+class _Cut(Exception):
+    """The router ends a silent stream; the message says why (sent in the SSE error)."""
+
+
+def _keep_waiting(state: RouterState, url: str, silent_s: float) -> float:
+    """How much longer to wait for a stream silent ``silent_s`` (>= idle_s); _Cut if not.
+
+    Waited for: a healthy backend (probes pass, circuit not open) whose last scraped
+    gauges show requests running or waiting, until ``stall_s``: an overloaded engine
+    preempts requests and resumes them later. Without gauges (no scraper, or an engine
+    that does not export them) the idle gap alone decides, as it did.
+    """
+    timeouts = state.config.timeouts
+    gap = f"no token for {silent_s:.3g} s"
+    rt = state.backends.get(url)
+    if rt is None or not rt.probe_ok or rt.breaker.state is CircuitState.OPEN:
+        state.backends.record_failure(url, f"stream stalled, backend unhealthy ({gap})")
+        raise _Cut(f"backend stalled mid-stream: {gap} and the backend is unhealthy")
+    engine = rt.engine
+    if engine is None or (engine.num_running is None and engine.num_waiting is None):
+        raise _Cut(f"backend stalled mid-stream: {gap} (timeouts.idle_s); its load is unknown")
+    if (engine.num_running or 0) + (engine.num_waiting or 0) == 0:
+        raise _Cut(f"backend stalled mid-stream: {gap}; the engine reports no running or "
+                   "waiting request")  # fmt: skip
+    stall_s = max(timeouts.stall_s, timeouts.idle_s)
+    if silent_s >= stall_s:
+        raise _Cut(f"backend stalled mid-stream: {gap} (timeouts.stall_s), though the "
+                   "engine reports work")  # fmt: skip
+    # look again soon: the engine may go idle or its health probes fail meanwhile
+    return min(timeouts.idle_s, state.config.health.interval_s, stall_s - silent_s)
 
 
 _USAGE_TAIL_BYTES = 4096  # a usage chunk is a few hundred bytes
@@ -188,8 +264,8 @@ class ClientGone(Exception):
 
 def error_note(exc: BaseException) -> dict[str, Any]:
     """The OpenAI error object of the SSE error event sent after the first byte."""
-    if isinstance(exc, TimeoutError):
-        return {"message": "backend stalled mid-stream", "type": "api_error", "code": 504}
+    if isinstance(exc, _Cut):
+        return {"message": str(exc), "type": "api_error", "code": 504}
     msg = f"backend failed mid-stream: {type(exc).__name__}"
     return {"message": msg, "type": "api_error", "code": 502}
 
