@@ -62,7 +62,7 @@ def render_chat(messages: Sequence[Any], tools: Sequence[Any] | None = None) -> 
         if not isinstance(msg, dict):
             raise ChatFormatError(f"{where} must be an object")
         role = msg.get("role")
-        if role not in ROLES:
+        if not isinstance(role, str) or role not in ROLES:  # a list is not even hashable
             raise ChatFormatError(f"{where}.role must be one of {sorted(ROLES)}")
         text = content_text(msg.get("content"), where)
         calls = msg.get("tool_calls")

@@ -30,6 +30,8 @@ from kvroute.core.chat import ChatFormatError, render_chat
 ROOT_SEED = 0x6B76_726F_7574_6531  # "kvroute1": the parent of every first block
 _MASK64 = (1 << 64) - 1
 CHARS_PER_TOKEN = 4
+MAX_TOKEN_ID = (1 << 31) - 1  # engines hold ids as int32; no vocabulary comes near it
+MAX_PROMPT_TOKEN_IDS = 1 << 24  # ids in one prompt: above any served context (10M)
 
 
 class PromptError(ValueError):
@@ -63,14 +65,27 @@ def prompt_of(body: dict[str, Any], chat: bool) -> Prompt:
         return Prompt(prompt, None)
     if isinstance(prompt, list) and prompt:
         first = prompt[0]
-        # A batch (list of strings or of id lists) is routed on its first prompt.
-        if isinstance(first, str):
+        # A batch (list of strings or of id lists) is routed on its first prompt; the
+        # others are checked too, so the engine never gets a batch the router calls valid.
+        if type(first) is str and all(type(p) is str for p in prompt):
             return Prompt(first, None)
-        if isinstance(first, int) and all(isinstance(t, int) for t in prompt):
-            return Prompt(None, tuple(prompt))
-        if isinstance(first, list) and first and all(isinstance(t, int) for t in first):
-            return Prompt(None, tuple(first))
+        if type(first) is int:
+            return Prompt(None, _token_ids(prompt))
+        if type(first) is list and all(type(p) is list for p in prompt):
+            ids = [_token_ids(p) for p in prompt]
+            return Prompt(None, ids[0])
     raise PromptError("'prompt' must be a string, a list of strings or a list of token ids")
+
+
+def _token_ids(ids: list[Any]) -> tuple[int, ...]:
+    """A non-empty list of token ids: ints (booleans are not) in [0, MAX_TOKEN_ID]."""
+    if not ids or not all(type(t) is int for t in ids):
+        raise PromptError("'prompt' must be a string, a list of strings or a list of token ids")
+    if len(ids) > MAX_PROMPT_TOKEN_IDS:
+        raise PromptError(f"'prompt' must hold at most {MAX_PROMPT_TOKEN_IDS} token ids")
+    if min(ids) < 0 or max(ids) > MAX_TOKEN_ID:
+        raise PromptError(f"'prompt' token ids must lie in [0, {MAX_TOKEN_ID}]")
+    return tuple(ids)
 
 
 def chain_seed(cache_salt: str | None = None, lora: str | int | None = None) -> int:

@@ -263,15 +263,19 @@ class Backends:
         return self._model_to_max_len.get(model)
 
     def check_context(self, model: str | None, parsed: ParsedRequest) -> None:
-        """BadRequest when the client's own max_tokens exceeds ``model``'s context (the
-        engines would refuse it; the router's default is never refused)."""
-        if model is None or parsed.max_tokens_field is None:
+        """BadRequest when the client's own max_tokens, or a token-id prompt, does not fit
+        ``model``'s context (the engines would refuse it; the router's default max_tokens
+        is never refused)."""
+        limit = self.max_model_len(model) if model is not None else None
+        if limit is None:
             return
-        limit = self.max_model_len(model)
-        if limit is not None and parsed.max_tokens > limit:
+        field = parsed.max_tokens_field
+        if field is not None and parsed.max_tokens > limit:
+            raise BadRequest(f"'{field}' must be at most {limit}, the context length of '{model}'")
+        ids = parsed.prompt.token_ids
+        if ids is not None and len(ids) >= limit:  # vLLM keeps room for one output token
             raise BadRequest(
-                f"'{parsed.max_tokens_field}' must be at most {limit}, "
-                f"the context length of model '{model}'"
+                f"'prompt' holds {len(ids)} token ids; the context length of '{model}' is {limit}"
             )
 
     def _set_adapters(self, rt: BackendRuntime, adapters: frozenset[str]) -> None:
