@@ -10,9 +10,11 @@ import asyncio
 import json
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from kvroute.router.config import BackendConfig
 from kvroute.router.errors import BadRequest
+from kvroute.router.metrics import BackendCollector
 from kvroute.router.request import ParsedRequest, parse_completion
 from tests.router.conftest import Harness, assert_no_load
 from tests.router.harden_request_helpers import (
@@ -77,3 +79,15 @@ async def test_max_tokens_above_the_models_context_is_refused(harness: Harness) 
     backends.add(BackendConfig(url=dead_url()))  # its models unknown: it might serve more
     assert backends.max_model_len("m1") is None
     backends.check_context("m1", parsed(100_000))
+
+
+def test_one_odd_gauge_value_does_not_break_the_metrics_page() -> None:
+    rows = [
+        {"url": "http://a", "kvroute_backend_in_flight_tokens": 10**400},
+        {"url": "http://b", "kvroute_backend_in_flight_tokens": 7, "kvroute_backend_healthy": "x"},
+    ]
+    registry = CollectorRegistry()
+    registry.register(BackendCollector(lambda: rows))
+    page = generate_latest(registry).decode()
+    assert 'kvroute_backend_in_flight_tokens{backend="http://b"} 7.0' in page
+    assert 'backend="http://a"' not in page

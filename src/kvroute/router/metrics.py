@@ -192,10 +192,21 @@ class BackendCollector(Collector):
         for name, help_text in self.GAUGES.items():
             family = GaugeMetricFamily(name, help_text, labels=["backend"])
             for row in rows:
-                value = row.get(name)
+                value = _gauge_value(row.get(name))
                 if value is not None:
-                    family.add_metric([row["url"]], float(value))
+                    family.add_metric([row["url"]], value)
             yield family
         total = GaugeMetricFamily("kvroute_index_blocks", "Blocks in the router's prefix index")
         total.add_metric([], float(sum(r.get("kvroute_backend_index_blocks") or 0 for r in rows)))
         yield total
+
+
+def _gauge_value(value: Any) -> float | None:
+    """``value`` as a sample, or None (skipped): one odd value (an int beyond a float,
+    from an engine or a bug) must not turn the whole /metrics page into a 500."""
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except (OverflowError, TypeError, ValueError):
+        return None
