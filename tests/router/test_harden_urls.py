@@ -8,13 +8,16 @@ router (YAML, ``--backend``, the admin API), without echoing the secret. With
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
 from kvroute.cli import main
+from kvroute.router.app import hide_backend_urls, make_app
 from kvroute.router.config import BackendConfig, backend_public_id, load_config
-from tests.router.conftest import Harness
+from kvroute.router.state import STATE
+from tests.router.conftest import Harness, router_config
 
 SECRET = "hunter2-secret"
 BODY = b'{"model": "m1", "prompt": "x"}'
@@ -108,3 +111,23 @@ async def test_hidden_urls_give_ids_in_headers_and_errors(harness: Harness) -> N
     for leaked in (a.url, b.url, host_port, "127.0.0.1", b.url.rsplit(":", 1)[1]):
         assert leaked not in message, message
     assert backend_public_id(a.url) in message or "gpu-b" in message
+
+
+def test_hiding_rewrites_every_form_of_an_address() -> None:
+    """Backends on one host: each URL, host:port and socket tuple becomes its own id."""
+    a, b = "http://127.0.0.1:8001", "http://127.0.0.1:8002"
+    config = router_config([a, b], expose_backend_urls=False)
+    config = dataclasses.replace(
+        config, backends=(BackendConfig(url=a), BackendConfig(url=b, name="gpu-b"))
+    )
+    state = make_app(config)[STATE]
+    message = (
+        f"last: {b}/v1/completions: Cannot connect to host 127.0.0.1:8002 ssl:default "
+        f"[Connect call failed ('127.0.0.1', 8002)]; before: {a}; gone: http://10.1.2.3:80"
+    )
+    assert hide_backend_urls(state, message) == (
+        "last: gpu-b/v1/completions: Cannot connect to host gpu-b ssl:default "
+        f"[Connect call failed gpu-b]; before: {backend_public_id(a)}; "
+        f"gone: {backend_public_id('http://10.1.2.3:80')}"
+    )
+    assert hide_backend_urls(state, "peer 10.0.0.9 reset") == "peer <address> reset"

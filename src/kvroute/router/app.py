@@ -250,16 +250,22 @@ def hide_backend_urls(state: RouterState, message: str) -> str:
     """``message`` with every backend address in it replaced by the backend's public id.
 
     Upstream errors name a backend by URL, ``host:port`` or a socket-address tuple
-    (``('10.0.0.7', 8000)``); whatever is left that looks like a URL or an IPv4 address
-    (a backend removed meanwhile) is replaced too.
+    (``('10.0.0.7', 8000)``), replaced in that order over all backends (backends may share
+    a host); whatever is left that looks like a URL (a backend removed meanwhile), an IPv4
+    address or a backend's host name is replaced too.
     """
-    for rt in state.backends:
-        pid, parts = rt.config.public_id, urlsplit(rt.url)
-        message = message.replace(rt.url, pid).replace(parts.netloc, pid)
-        if parts.hostname:
-            message = message.replace(f"({parts.hostname!r}, {parts.port})", pid)
-            message = message.replace(parts.hostname, pid)
+    backends = [(rt.config.public_id, rt.url, urlsplit(rt.url)) for rt in state.backends]
+    forms = [
+        *((url, pid) for pid, url, _ in backends),
+        *((parts.netloc, pid) for pid, _, parts in backends),
+        *((f"({parts.hostname!r}, {parts.port})", pid) for pid, _, parts in backends),
+    ]
+    for text, pid in forms:
+        message = message.replace(text, pid)
     message = _URL.sub(lambda m: backend_public_id(m.group(0)), message)
+    for _, _, parts in backends:
+        if parts.hostname and not _IPV4.fullmatch(parts.hostname):
+            message = message.replace(parts.hostname, "<host>")
     return _IPV4.sub("<address>", message)
 
 
