@@ -91,3 +91,23 @@ def test_one_odd_gauge_value_does_not_break_the_metrics_page() -> None:
     page = generate_latest(registry).decode()
     assert 'kvroute_backend_in_flight_tokens{backend="http://b"} 7.0' in page
     assert 'backend="http://a"' not in page
+
+
+async def test_the_proxy_refuses_what_fits_no_context_and_honours_the_name_limit(
+    harness: Harness,
+) -> None:
+    """Over HTTP: the context check runs on the request path, and the configured
+    ``limits.max_model_name_chars`` is the one the parser uses."""
+    from kvroute.router.config import LimitConfig
+
+    b = await harness.backend("a")
+    b.state.max_model_len = 4096
+    client = await harness.router([b.url], limits=LimitConfig(max_model_name_chars=8))
+    resp = await client.post("/v1/completions", json={**OK_BODY, "max_tokens": 4097})
+    await assert_bad_request(resp, "4096")
+    resp = await client.post("/v1/completions", json={**OK_BODY, "model": "m" * 9})
+    await assert_bad_request(resp, "8")
+    assert not b.state.requests
+    resp = await client.post("/v1/completions", json={**OK_BODY, "max_tokens": 8})
+    assert resp.status == 200
+    assert_no_load(harness.state(client))

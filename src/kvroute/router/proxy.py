@@ -101,10 +101,13 @@ async def _route_request(
     state: RouterState, request: web.Request, raw: bytes, *, chat: bool
 ) -> tuple[RouteRequest, bool]:
     """(what the Fleet routes on, whether the client asked for a stream)."""
+    name_chars = state.config.limits.max_model_name_chars
     if len(raw) >= OFF_LOOP_KEYS_BYTES:
-        parsed, body = await asyncio.to_thread(parse_completion_body, raw, chat=chat)
+        parsed, body = await asyncio.to_thread(
+            parse_completion_body, raw, chat=chat, max_model_name_chars=name_chars
+        )
     else:
-        parsed, body = parse_completion_body(raw, chat=chat)
+        parsed, body = parse_completion_body(raw, chat=chat, max_model_name_chars=name_chars)
     model = parsed.model
     if model is None:
         model = state.backends.only_model()
@@ -112,6 +115,7 @@ async def _route_request(
             raise BadRequest("'model' is required: this router serves several models")
     elif not state.backends.model_is_known(model):
         raise ModelNotFound(f"the model '{model}' does not exist on any backend")
+    state.backends.check_context(model, parsed)
     # the engine gets an id of ours (vLLM may use it as its own request id: two clients
     # must not collide); the client's own id stays in its answer's header and our logs
     rid = new_request_id()
