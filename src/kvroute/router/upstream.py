@@ -18,6 +18,7 @@ needs a backend whose keep-alive is shorter than the pool's.
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -81,6 +82,15 @@ class AttemptFailed(Exception):
         return BackendFailed(str(self))
 
 
+# above this aiohttp writes a bytes body in one go (and warns); a BytesIO is sent in
+# chunks that yield to the loop between them
+_CHUNKED_BODY_BYTES = 1 << 20
+
+
+def _payload(body: bytes) -> bytes | io.BytesIO:
+    return io.BytesIO(body) if len(body) > _CHUNKED_BODY_BYTES else body
+
+
 async def open_upstream(
     session: aiohttp.ClientSession,
     url: str,
@@ -96,7 +106,7 @@ async def open_upstream(
     """
     try:
         async with asyncio.timeout_at(deadline.at):
-            resp = await session.post(url, data=body, headers=headers)
+            resp = await session.post(url, data=_payload(body), headers=headers)
     except aiohttp.ClientConnectorError as exc:
         raise AttemptFailed("connect", f"{url}: cannot connect: {_reason(exc.os_error)}") from None
     except aiohttp.ConnectionTimeoutError:  # sock_connect: no connection, nothing sent
