@@ -29,6 +29,7 @@ from kvroute.router.config import RouterConfig, backend_public_id
 from kvroute.router.errors import KvrouteError, error_bytes
 from kvroute.router.health import health_loop, make_probe_session, probe_all
 from kvroute.router.kv_subscriber import KvEventSubscriber
+from kvroute.router.listener import listener_middleware
 from kvroute.router.metrics import BackendCollector, RouterMetrics
 from kvroute.router.proxy import CHAT_PATH, COMPLETIONS_PATH, handle_chat, handle_completions
 from kvroute.router.scraper import scrape_loop
@@ -120,7 +121,8 @@ def make_app(
         backends.add(backend)  # the subscriber already knows their endpoints
     metrics.add_collector(BackendCollector(lambda: backend_rows(state)))
     app = web.Application(
-        client_max_size=config.limits.max_body_bytes, middlewares=[error_middleware]
+        client_max_size=config.limits.max_body_bytes,
+        middlewares=[error_middleware, listener_middleware],
     )
     app[STATE] = state
     app.router.add_post(COMPLETIONS_PATH, handle_completions)

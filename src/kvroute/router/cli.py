@@ -12,12 +12,12 @@ import logging
 import os
 import signal
 import sys
-
-from aiohttp import web
+from dataclasses import replace
 
 from kvroute.router.app import make_app
 from kvroute.router.config import RouterConfig, load_config
 from kvroute.router.kv_flags import add_kv_arguments, kv_load_kwargs
+from kvroute.router.listener import ensure_fd_limit, start_listeners
 
 log = logging.getLogger("kvroute.router")
 
@@ -40,6 +40,33 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("--hide-backend-urls", dest="expose_backend_urls", action="store_const",
                    const=False, help="clients see backend ids (name or b-<hash>), never URLs, "
                    "in x-kvroute-backend and error messages")  # fmt: skip
+    p.add_argument(
+        "--keepalive",
+        type=float,
+        dest="keepalive_s",
+        metavar="S",
+        help="close idle keep-alive client connections after S seconds (75)",
+    )
+    p.add_argument(
+        "--header-timeout",
+        type=float,
+        dest="header_timeout_s",
+        metavar="S",
+        help="a request's headers must arrive within S seconds (10)",
+    )
+    p.add_argument(
+        "--body-timeout",
+        type=float,
+        dest="body_timeout_s",
+        metavar="S",
+        help="a request's body must arrive within S seconds of its headers (60)",
+    )
+    p.add_argument(
+        "--max-client-connections",
+        type=int,
+        metavar="N",
+        help="open client connections per process; more get 503 (4096)",
+    )
     p.add_argument("--workers", type=int, default=1, metavar="N",
                    help="router processes sharing the port via SO_REUSEPORT (default 1); "
                    "see docs/deploy.md")  # fmt: skip
@@ -65,7 +92,16 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         "expose_backend_urls": args.expose_backend_urls,
     }
     kv = kv_load_kwargs(args)
-    return load_config(args.config, backends=args.backend, overrides=overrides, **kv)
+    config = load_config(args.config, backends=args.backend, overrides=overrides, **kv)
+    server_flags = {
+        name: getattr(args, name)
+        for name in ("keepalive_s", "header_timeout_s", "body_timeout_s",
+                     "max_client_connections")
+        if getattr(args, name) is not None
+    }  # fmt: skip
+    if not server_flags:
+        return config
+    return replace(config, server=replace(config.server, **server_flags))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -108,21 +144,13 @@ def _run_workers(config: RouterConfig, args: argparse.Namespace) -> int:
 
 async def serve(config: RouterConfig, *, ready: asyncio.Event | None = None) -> None:
     """Serve until SIGINT/SIGTERM; then drain."""
-    app = make_app(config)
-    runner = web.AppRunner(
-        app,
-        handler_cancellation=True,  # a client disconnect cancels its upstream request
-        shutdown_timeout=config.drain_timeout_s,
-        access_log=None,
-    )
-    await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port, backlog=1024)
-    await site.start()
+    ensure_fd_limit(config)
+    listeners = await start_listeners(make_app(config), config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    host, port = runner.addresses[0][:2]
+    host, port = listeners.api
     print(
         f"kvroute serve: listening on http://{host}:{port} "
         f"({len(config.backends)} backends, policy {config.policy})",
@@ -136,4 +164,4 @@ async def serve(config: RouterConfig, *, ready: asyncio.Event | None = None) -> 
         log.warning(
             "shutting down: draining in-flight requests (up to %ss)", config.drain_timeout_s
         )
-        await runner.cleanup()
+        await listeners.runner.cleanup()

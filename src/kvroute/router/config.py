@@ -204,6 +204,35 @@ class ClientKey:
 
 
 @dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """The client-facing listeners: timeouts that cut slow and idle clients, and a
+    connection cap.
+
+    All limits hold per process: with ``--workers N`` each worker applies them alone.
+    """
+
+    keepalive_s: float = 75.0  # an idle keep-alive connection is closed after this
+    # a new request's line and headers must arrive within this (from the connection's
+    # start, or from the request's first byte on a kept-alive connection): slowloris
+    header_timeout_s: float = 10.0
+    # a request body must arrive whole within this after its headers (a slow body is
+    # answered 408 and the connection closed)
+    body_timeout_s: float = 60.0
+    # open client connections; a new one over it is answered 503 and closed at once
+    max_client_connections: int = 4096
+
+    def __post_init__(self) -> None:
+        _check(0 < self.keepalive_s <= 3600, "server.keepalive_s", "must be in (0, 3600]")
+        _check(0 < self.header_timeout_s <= 3600, "server.header_timeout_s", "must be in (0, 3600]")
+        _check(0 < self.body_timeout_s <= 3600, "server.body_timeout_s", "must be in (0, 3600]")
+        _check(
+            1 <= self.max_client_connections <= 1_000_000,
+            "server.max_client_connections",
+            "must be in [1, 1000000]",
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class RouterConfig:
     """Everything ``kvroute serve`` needs; built by ``load_config``."""
 
@@ -232,6 +261,7 @@ class RouterConfig:
     # served model name -> directory with tokenizer.json (+ tokenizer_config.json) for
     # exact keys on real engines; other models use the built-in tokenizer (the simulator's)
     tokenizers: Mapping[str, str] = field(default_factory=dict)
+    server: ServerConfig = field(default_factory=ServerConfig)  # YAML section "server:"
 
     def __post_init__(self) -> None:
         _check(0 <= self.port <= 65535, "port", f"must be in [0, 65535], got {self.port}")
@@ -340,6 +370,7 @@ def config_from_mapping(raw: Mapping[str, Any]) -> RouterConfig:
         limits=_section(LimitConfig, raw.get("limits"), "limits"),
         health=_section(HealthConfig, raw.get("health"), "health"),
         breaker=_section(BreakerConfig, raw.get("breaker"), "breaker"),
+        server=_section(ServerConfig, raw.get("server"), "server"),
         client_keys=tuple(keys),
         trusted_proxies=tuple(proxies),
         tokenizers=dict(tokenizers),

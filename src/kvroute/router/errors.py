@@ -83,6 +83,14 @@ class MethodNotAllowed(KvrouteError):
     code = "method_not_allowed"
 
 
+class RequestTimeout(KvrouteError, TimeoutError):
+    """408: the client did not send its whole request body in time (server.body_timeout_s)."""
+
+    status = 408
+    error_type = "invalid_request_error"
+    code = "request_timeout"
+
+
 class PayloadTooLarge(KvrouteError):
     status = 413
     error_type = "invalid_request_error"

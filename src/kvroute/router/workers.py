@@ -23,7 +23,8 @@ like the single process does (listener closed, /health 503, in-flight requests g
 supervisor (Linux parent-death signal). Every response carries ``x-kvroute-worker:
 INDEX:PID``. ``/metrics``, ``/``, ``/health`` and ``/admin`` answer for the worker that
 took the connection; ``--worker-port-base P`` also serves worker i alone on port P+i, so
-Prometheus can scrape each worker (see docs/deploy.md).
+Prometheus can scrape each worker (see docs/deploy.md). Client timeouts and the
+connection cap (``server:``) hold per worker.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from aiohttp import web
 
 from kvroute.router.app import build_fleet, make_app
 from kvroute.router.config import RouterConfig
+from kvroute.router.listener import ensure_fd_limit, start_listeners
 from kvroute.router.worker_sync import BUS, BusSpec, attach_bus
 
 log = logging.getLogger("kvroute.router.workers")
@@ -151,26 +153,18 @@ async def serve_worker(
     ready: Connection,
 ) -> None:
     """One worker: the router app on the shared port (SO_REUSEPORT); drain on SIGTERM."""
+    ensure_fd_limit(config)
     app = make_app(config)
     app.on_response_prepare.append(worker_header_hook(f"{index}:{os.getpid()}"))
     if bus is not None:
         attach_bus(app, bus)
-    runner = web.AppRunner(
-        app,
-        handler_cancellation=True,
-        shutdown_timeout=config.drain_timeout_s,
-        access_log=None,
-    )
-    await runner.setup()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    # the shared port with SO_REUSEPORT; each worker guards its own clients
+    listeners = await start_listeners(app, config, reuse_port=True, private_port=private_port)
     try:
-        shared = web.TCPSite(runner, config.host, config.port, backlog=1024, reuse_port=True)
-        await shared.start()
-        if private_port is not None:
-            await web.TCPSite(runner, config.host, private_port, backlog=128).start()
         if bus is not None and not await app[BUS].wait_connected(BUS_JOIN_TIMEOUT_S):
             log.warning("worker %d: not every peer heard within %ss", index, BUS_JOIN_TIMEOUT_S)
         ready.send(os.getpid())
@@ -178,7 +172,7 @@ async def serve_worker(
         await stop.wait()
     finally:
         log.info("worker %d draining (up to %ss)", index, config.drain_timeout_s)
-        await runner.cleanup()
+        await listeners.runner.cleanup()
 
 
 # ---------------------------------------------------------------- supervisor side
