@@ -29,9 +29,11 @@ HEALTH = b"GET /health HTTP/1.1\r\nHost: router\r\n\r\n"
 
 
 @contextlib.asynccontextmanager
-async def serving(urls: list[str], **server: Any) -> AsyncIterator[Listeners]:
+async def serving(
+    urls: list[str], *, admin_key: str | None = None, **server: Any
+) -> AsyncIterator[Listeners]:
     """A router on real sockets with these ``server:`` settings (127.0.0.1, free port)."""
-    config = router_config(urls, port=0, server=ServerConfig(**server))
+    config = router_config(urls, port=0, admin_key=admin_key, server=ServerConfig(**server))
     app = make_app(config)
     listeners = await start_listeners(app, config)
     try:

@@ -1,13 +1,19 @@
 """Admin API: list, add, remove and drain backends, behind a bearer admin key.
 
 With no admin key configured the API is off (403): an open admin API on a proxy that
-holds backend credentials is a hole, so it must be switched on deliberately.
+holds backend credentials is a hole, so it must be switched on deliberately. With
+``admin_allowed_backends`` set, a backend may only be added on an allowed host (403
+otherwise), so a leaked admin key cannot point the router anywhere on the network.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import hmac
+import ipaddress
+from collections.abc import Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 import msgspec
 from aiohttp import web
@@ -22,7 +28,8 @@ from kvroute.router.status import backend_rows
 _decode = msgspec.json.Decoder().decode
 
 
-def _authorize(request: web.Request) -> RouterState:
+def authorize(request: web.Request) -> RouterState:
+    """The state, if the request carries the admin key (Forbidden when the API is off)."""
     state = request.app[STATE]
     key = state.config.admin_key
     if key is None:
@@ -52,13 +59,13 @@ async def _url_of(request: web.Request) -> str:
 
 
 async def handle_list(request: web.Request) -> web.Response:
-    state = _authorize(request)
+    state = authorize(request)
     return web.json_response({"backends": backend_rows(state)})
 
 
 async def handle_add(request: web.Request) -> web.Response:
     """Add a backend; it takes traffic after its first good health probe (run at once)."""
-    state = _authorize(request)
+    state = authorize(request)
     body = await _json_object(request)
     unknown = set(body) - {"url", "api_key", "weight", "kv_events", "kv_replay", "name"}
     if unknown:
@@ -67,6 +74,7 @@ async def handle_add(request: web.Request) -> web.Response:
         config = BackendConfig(**body)
     except (TypeError, ValueError) as exc:
         raise BadRequest(str(exc)) from None
+    check_allowed(config, state.config.admin_allowed_backends)
     if state.backends.get(config.url) is not None:
         raise BadRequest(f"backend {config.url} is already present")
     if config.name is not None and any(rt.config.name == config.name for rt in state.backends):
@@ -85,9 +93,48 @@ async def handle_add(request: web.Request) -> web.Response:
     )
 
 
+def check_allowed(config: BackendConfig, allowed: Sequence[str]) -> None:
+    """Forbidden unless the backend's host, and its tcp:// KV endpoints' hosts, are in
+    ``admin_allowed_backends`` (no list: anything goes). No DNS lookups: an IP literal
+    must fall in a CIDR or match a glob, a name must match a glob; ipc:// is refused."""
+    if not allowed:
+        return
+    hosts = [urlsplit(config.url).hostname or ""]
+    for endpoint in (config.kv_events, config.kv_replay):
+        if endpoint is None:
+            continue
+        if not endpoint.startswith("tcp://"):
+            raise Forbidden(
+                "only tcp:// KV endpoints may be added while admin_allowed_backends is set"
+            )
+        hosts.append(urlsplit(endpoint).hostname or "")
+    for host in hosts:
+        if not host_allowed(host, allowed):
+            raise Forbidden(f"host {host!r} is not in admin_allowed_backends")
+
+
+def host_allowed(host: str, allowed: Sequence[str]) -> bool:
+    """Whether ``host`` (an IP literal or a name) matches a CIDR or glob of ``allowed``."""
+    host = host.lower()
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        ip = None
+    for pattern in allowed:
+        try:
+            net = ipaddress.ip_network(pattern, strict=False)
+        except ValueError:
+            if fnmatch.fnmatchcase(host, pattern):
+                return True
+            continue
+        if ip is not None and ip.version == net.version and ip in net:
+            return True
+    return False
+
+
 async def handle_remove(request: web.Request) -> web.Response:
     """Remove at once; in-flight requests on it finish, their load release is a no-op."""
-    state = _authorize(request)
+    state = authorize(request)
     url = await _url_of(request)
     try:
         state.remove_backend(url)  # its KV-event feed stops too
@@ -98,7 +145,7 @@ async def handle_remove(request: web.Request) -> web.Response:
 
 async def handle_drain(request: web.Request) -> web.Response:
     """Stop sending new requests to a backend (``"draining": false`` undoes it)."""
-    state = _authorize(request)
+    state = authorize(request)
     body = await _json_object(request)
     url = body.get("url") or request.query.get("url")
     if not isinstance(url, str) or not url:
@@ -118,7 +165,7 @@ async def handle_drain(request: web.Request) -> web.Response:
 
 async def handle_kv(request: web.Request) -> web.Response:
     """Per backend, what the router's view holds (for checking it against the engines)."""
-    state = _authorize(request)
+    state = authorize(request)
     return web.json_response({"mode": state.fleet.config.mode, "backends": kv_views(state)})
 
 

@@ -67,6 +67,31 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         metavar="N",
         help="open client connections per process; more get 503 (4096)",
     )
+    p.add_argument(
+        "--admin-port",
+        type=int,
+        metavar="P",
+        help="serve /, /metrics and /admin/... on this port only (0: any free)",
+    )
+    p.add_argument(
+        "--admin-host",
+        metavar="HOST",
+        help="address of the --admin-port listener (default: --host)",
+    )
+    p.add_argument(
+        "--metrics-auth",
+        action="store_const",
+        const=True,
+        help="/ and /metrics need the admin key as a bearer token too",
+    )
+    p.add_argument(
+        "--admin-allow",
+        action="append",
+        default=[],
+        metavar="CIDR_OR_GLOB",
+        help="hosts the admin API may add as backends (repeatable): a CIDR "
+        "such as 10.0.0.0/8 or a name glob such as *.engines.internal",
+    )
     p.add_argument("--workers", type=int, default=1, metavar="N",
                    help="router processes sharing the port via SO_REUSEPORT (default 1); "
                    "see docs/deploy.md")  # fmt: skip
@@ -91,12 +116,14 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         "mode": args.mode,
         "expose_backend_urls": args.expose_backend_urls,
     }
+    if args.admin_allow:
+        overrides["admin_allowed_backends"] = tuple(args.admin_allow)
     kv = kv_load_kwargs(args)
     config = load_config(args.config, backends=args.backend, overrides=overrides, **kv)
     server_flags = {
         name: getattr(args, name)
         for name in ("keepalive_s", "header_timeout_s", "body_timeout_s",
-                     "max_client_connections")
+                     "max_client_connections", "admin_port", "admin_host", "metrics_auth")
         if getattr(args, name) is not None
     }  # fmt: skip
     if not server_flags:
@@ -151,9 +178,12 @@ async def serve(config: RouterConfig, *, ready: asyncio.Event | None = None) -> 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     host, port = listeners.api
+    admin = (
+        f"; admin on http://{listeners.admin[0]}:{listeners.admin[1]}" if listeners.admin else ""
+    )
     print(
         f"kvroute serve: listening on http://{host}:{port} "
-        f"({len(config.backends)} backends, policy {config.policy})",
+        f"({len(config.backends)} backends, policy {config.policy}{admin})",
         flush=True,
     )
     if ready is not None:

@@ -205,8 +205,8 @@ class ClientKey:
 
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
-    """The client-facing listeners: timeouts that cut slow and idle clients, and a
-    connection cap.
+    """The client-facing listeners: timeouts that cut slow and idle clients, a connection
+    cap, and where the operator endpoints (``/``, ``/metrics``, ``/admin/...``) listen.
 
     All limits hold per process: with ``--workers N`` each worker applies them alone.
     """
@@ -218,8 +218,14 @@ class ServerConfig:
     # a request body must arrive whole within this after its headers (a slow body is
     # answered 408 and the connection closed)
     body_timeout_s: float = 60.0
-    # open client connections; a new one over it is answered 503 and closed at once
+    # open client connections on the API listener; a new one over it is answered 503
+    # and closed at once (the admin listener has its own cap, ADMIN_MAX_CONNECTIONS)
     max_client_connections: int = 4096
+    # a separate listener for "/", "/metrics" and "/admin/..." (then the API port
+    # answers 404 for them, and the admin port 404 for the API); None: one listener
+    admin_port: int | None = None
+    admin_host: str | None = None  # the admin listener's address; None: same as host
+    metrics_auth: bool = False  # "/" and "/metrics" also need the admin key (bearer)
 
     def __post_init__(self) -> None:
         _check(0 < self.keepalive_s <= 3600, "server.keepalive_s", "must be in (0, 3600]")
@@ -230,6 +236,31 @@ class ServerConfig:
             "server.max_client_connections",
             "must be in [1, 1000000]",
         )
+        if self.admin_port is not None:
+            _check(0 <= self.admin_port <= 65535, "server.admin_port", "must be in [0, 65535]")
+        _check(self.admin_host is None or bool(self.admin_host), "server.admin_host", "empty")
+        _check(isinstance(self.metrics_auth, bool), "server.metrics_auth", "must be a bool")
+
+    @property
+    def has_admin_listener(self) -> bool:
+        return self.admin_port is not None
+
+
+def check_backend_pattern(pattern: str) -> str:
+    """One ``admin_allowed_backends`` entry: a CIDR (``10.0.0.0/8``, an IP alone is a /32)
+    or a host-name glob (``*.engines.internal``); ValueError otherwise."""
+    _check(isinstance(pattern, str) and bool(pattern.strip()), "admin_allowed_backends",
+           f"entries must be CIDRs or host patterns, got {pattern!r}")  # fmt: skip
+    pattern = pattern.strip().lower()
+    try:
+        ipaddress.ip_network(pattern, strict=False)
+    except ValueError:
+        ok = set(pattern) <= _HOST_PATTERN_CHARS
+        _check(ok, "admin_allowed_backends", f"not a CIDR or host pattern: {pattern!r}")
+    return pattern
+
+
+_HOST_PATTERN_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789.-_*?")
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,6 +293,11 @@ class RouterConfig:
     # exact keys on real engines; other models use the built-in tokenizer (the simulator's)
     tokenizers: Mapping[str, str] = field(default_factory=dict)
     server: ServerConfig = field(default_factory=ServerConfig)  # YAML section "server:"
+    # backends the admin API may add (admin_allowed_backends: ["10.0.0.0/8",
+    # "*.engines.internal"]): each URL's host, and a tcp:// KV endpoint's host, must be an
+    # IP in one of the CIDRs or a name matching one of the globs (no DNS lookups); ipc://
+    # endpoints are then refused. Empty: any. Configured and --backend URLs are not checked
+    admin_allowed_backends: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         _check(0 <= self.port <= 65535, "port", f"must be in [0, 65535], got {self.port}")
@@ -284,6 +320,15 @@ class RouterConfig:
         _check(len(names) == len(set(names)), "clients.keys", "duplicate key")
         if self.admin_key is not None:
             _check(len(self.admin_key) >= 8, "admin_key", "must be >= 8 characters")
+        allowed = tuple(check_backend_pattern(p) for p in self.admin_allowed_backends)
+        object.__setattr__(self, "admin_allowed_backends", allowed)
+        server = self.server
+        if server.metrics_auth:
+            _check(self.admin_key is not None, "server.metrics_auth", "needs admin_key")
+        if server.admin_port is not None and server.admin_port != 0:
+            same_host = (server.admin_host or self.host) == self.host
+            _check(not same_host or server.admin_port != self.port, "server.admin_port",
+                   "must differ from port")  # fmt: skip
 
     @property
     def resolved_mode(self) -> str:
@@ -357,6 +402,8 @@ def config_from_mapping(raw: Mapping[str, Any]) -> RouterConfig:
         )
         if k in raw
     }
+    allowed = raw.get("admin_allowed_backends") or []
+    _check(isinstance(allowed, list), "admin_allowed_backends", "must be a list")
     tokenizers = raw.get("tokenizers") or {}
     _check(isinstance(tokenizers, Mapping), "tokenizers", "must map model name -> path")
     backend_list = []
@@ -371,6 +418,7 @@ def config_from_mapping(raw: Mapping[str, Any]) -> RouterConfig:
         health=_section(HealthConfig, raw.get("health"), "health"),
         breaker=_section(BreakerConfig, raw.get("breaker"), "breaker"),
         server=_section(ServerConfig, raw.get("server"), "server"),
+        admin_allowed_backends=tuple(str(p) for p in allowed),
         client_keys=tuple(keys),
         trusted_proxies=tuple(proxies),
         tokenizers=dict(tokenizers),

@@ -1,4 +1,5 @@
-"""The client-facing listeners: timeouts for slow and idle clients, a connection cap.
+"""The client-facing listeners: timeouts for slow and idle clients, a connection cap, and
+the split between the API and the operator endpoints.
 
 aiohttp's server closes idle keep-alive connections (``keepalive_timeout``) but has no
 deadline for a request's headers or body and no cap on connections: idle, partial-header
@@ -15,6 +16,10 @@ closed after ``keepalive_s``.
 
 Cost: one extra Python call per received chunk, a dict lookup and two attribute writes
 per request, and a sweep over the open connections per tick (at most once a second).
+
+Listener roles: "all" (a single listener serves everything), or, with
+``server.admin_port`` set, "api" (the API and /health) and "admin" ("/", "/metrics",
+"/admin/..." and /health); each role answers 404 for the other's paths.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from aiohttp.web_protocol import RequestHandler
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from kvroute.router import admin
 from kvroute.router.config import RouterConfig, ServerConfig
 from kvroute.router.errors import RequestTimeout, error_bytes
 from kvroute.router.state import STATE
@@ -39,6 +45,7 @@ from kvroute.router.state import STATE
 log = logging.getLogger("kvroute.router.listener")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
+ADMIN_MAX_CONNECTIONS = 128  # the admin listener's own cap: a flood of the API leaves it be
 _BUSY_BODY = error_bytes(
     "too many client connections; retry later", "api_error", "too_many_connections"
 )
@@ -126,6 +133,7 @@ class ConnectionGuard:
         self.config = config
         self.now = clock or asyncio.get_running_loop().time
         self._by_handler: dict[RequestHandler, GuardedProtocol] = {}
+        self._caps = {"admin": ADMIN_MAX_CONNECTIONS}  # other roles: max_client_connections
         self.num_open: dict[str, int] = {}  # role -> open connections
         self.num_refused: dict[str, int] = {}  # role -> connections refused (cap)
         self.num_header_timeouts = 0
@@ -139,7 +147,8 @@ class ConnectionGuard:
 
     def admit(self, conn: GuardedProtocol) -> bool:
         role = conn.role
-        if self.num_open.get(role, 0) >= self.config.max_client_connections:
+        cap = self._caps.get(role, self.config.max_client_connections)
+        if self.num_open.get(role, 0) >= cap:
             self.num_refused[role] = self.num_refused.get(role, 0) + 1
             return False
         self.num_open[role] = self.num_open.get(role, 0) + 1
@@ -213,12 +222,23 @@ class ConnectionGuard:
 GUARD: web.AppKey[ConnectionGuard] = web.AppKey("kvroute_guard", ConnectionGuard)
 
 
+def is_operator_path(path: str) -> bool:
+    return path in ("/", "/metrics") or path.startswith("/admin/")
+
+
 @web.middleware
 async def listener_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """The deadlines of the connection's request (its headers are complete now)."""
+    """Deadlines of the connection's request; which paths the listener serves; the admin
+    key on "/" and "/metrics" when ``server.metrics_auth`` is on."""
     guard = request.app.get(GUARD)
     conn = guard.started(request) if guard is not None else None
     try:
+        path = request.path
+        role = conn.role if conn is not None else "all"
+        if role != "all" and path != "/health" and is_operator_path(path) != (role == "admin"):
+            raise web.HTTPNotFound()
+        if path in ("/", "/metrics") and request.app[STATE].config.server.metrics_auth:
+            admin.authorize(request)
         return await handler(request)
     finally:
         if conn is not None:
@@ -309,7 +329,8 @@ class Listeners:
 
     runner: web.AppRunner
     guard: ConnectionGuard
-    api: tuple[str, int]  # the listener
+    api: tuple[str, int]  # the API listener (everything when there is no admin listener)
+    admin: tuple[str, int] | None  # the admin listener, when configured
     private: tuple[str, int] | None = None  # a worker's own port (--worker-port-base)
 
 
@@ -322,7 +343,7 @@ async def start_listeners(
 ) -> Listeners:
     """Set up ``app`` (from ``make_app``) and start its listeners; ``runner.cleanup()``
     stops them and drains. ``reuse_port``: the ports are shared with other workers.
-    ``private_port``: a worker's own extra listener."""
+    ``private_port``: a worker's own extra listener (operator role when split)."""
     server = config.server
     guard = ConnectionGuard(server)
     app[GUARD] = guard
@@ -336,13 +357,21 @@ async def start_listeners(
         keepalive_timeout=server.keepalive_s,
     )
     await runner.setup()
+    split = server.has_admin_listener
     try:
-        api = GuardedSite(runner, guard, "all", config.host, config.port,
+        api = GuardedSite(runner, guard, "api" if split else "all", config.host, config.port,
                           reuse_port=reuse_port, backlog=1024)  # fmt: skip
         await api.start()
-        listeners = Listeners(runner, guard, api.address)
+        listeners = Listeners(runner, guard, api.address, None)
+        if server.admin_port is not None:
+            host = server.admin_host or config.host
+            site = GuardedSite(runner, guard, "admin", host, server.admin_port,
+                               reuse_port=reuse_port)  # fmt: skip
+            await site.start()
+            listeners.admin = site.address
         if private_port is not None:
-            site = GuardedSite(runner, guard, "all", config.host, private_port)
+            role = "admin" if split else "all"
+            site = GuardedSite(runner, guard, role, config.host, private_port)
             await site.start()
             listeners.private = site.address
     except BaseException:
@@ -356,6 +385,7 @@ def ensure_fd_limit(config: RouterConfig) -> None:
     upstream pool, probes, slack), within the hard limit; warn when that is not enough."""
     needed = (
         config.server.max_client_connections
+        + ADMIN_MAX_CONNECTIONS
         + config.limits.max_connections
         + 3 * max(1, len(config.backends))
         + 256

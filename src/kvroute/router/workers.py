@@ -23,7 +23,9 @@ like the single process does (listener closed, /health 503, in-flight requests g
 supervisor (Linux parent-death signal). Every response carries ``x-kvroute-worker:
 INDEX:PID``. ``/metrics``, ``/``, ``/health`` and ``/admin`` answer for the worker that
 took the connection; ``--worker-port-base P`` also serves worker i alone on port P+i, so
-Prometheus can scrape each worker (see docs/deploy.md). Client timeouts and the
+Prometheus can scrape each worker (see docs/deploy.md). With ``server.admin_port`` the
+operator endpoints move to that port, which the supervisor reserves like the main one and
+every worker shares; worker ports then serve only those. Client timeouts and the
 connection cap (``server:``) hold per worker.
 """
 
@@ -162,7 +164,7 @@ async def serve_worker(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    # the shared port with SO_REUSEPORT; each worker guards its own clients
+    # the shared ports (API, admin) with SO_REUSEPORT; each worker guards its own clients
     listeners = await start_listeners(app, config, reuse_port=True, private_port=private_port)
     try:
         if bus is not None and not await app[BUS].wait_connected(BUS_JOIN_TIMEOUT_S):
@@ -217,11 +219,13 @@ class Supervisor:
         reserved = reserve_port(self.config.host, self.config.port)
         port = reserved.getsockname()[1]
         self.config = replace(self.config, port=port)
+        admin_reserved: socket.socket | None = None
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, self.request_stop)
         if self.sup.share_decisions and len(self.slots) > 1:
             self._bus_dir = tempfile.mkdtemp(prefix="kvroute-workers-")
         try:
+            admin_reserved, admin = self._reserve_admin_port()
             for slot in self.slots:
                 self._start(slot)
             if not self._wait_all_ready():
@@ -231,7 +235,7 @@ class Supervisor:
                 return code if stopped_by_signal else max(1, code)
             print(
                 f"kvroute serve: listening on http://{self.config.host}:{port} "
-                f"({len(self.config.backends)} backends, policy {self.config.policy}, "
+                f"({len(self.config.backends)} backends, policy {self.config.policy}{admin}, "
                 f"{len(self.slots)} workers: pids {' '.join(str(s.pid) for s in self.slots)})",
                 flush=True,
             )
@@ -240,8 +244,22 @@ class Supervisor:
             return self._shutdown()
         finally:
             reserved.close()
+            if admin_reserved is not None:
+                admin_reserved.close()
             if self._bus_dir is not None:
                 shutil.rmtree(self._bus_dir, ignore_errors=True)
+
+    def _reserve_admin_port(self) -> tuple[socket.socket | None, str]:
+        """Fix the admin listener's port like the main one (0 -> one free port for every
+        worker); the socket to close at the end and the text for the "listening" line."""
+        server = self.config.server
+        if server.admin_port is None:
+            return None, ""
+        host = server.admin_host or self.config.host
+        sock = reserve_port(host, server.admin_port)
+        admin_port = sock.getsockname()[1]
+        self.config = replace(self.config, server=replace(server, admin_port=admin_port))
+        return sock, f"; admin on http://{host}:{admin_port}"
 
     def _start(self, slot: _Slot) -> None:
         read_end, write_end = self._ctx.Pipe(duplex=False)
