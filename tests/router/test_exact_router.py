@@ -207,7 +207,7 @@ async def test_approximate_mode_ignores_kv_events(sims: SimFleet) -> None:
         await client.close()
 
 
-async def test_a_dead_feed_turns_its_backend_approximate(
+async def test_a_batch_that_fails_to_apply_turns_its_backend_approximate(
     sims: SimFleet, router: TestClient[Any, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     state: RouterState = router.app[STATE]  # type: ignore[index]
@@ -219,9 +219,12 @@ async def test_a_dead_feed_turns_its_backend_approximate(
     first = await complete(router, SHARED + "events now break the feed")
     url = first.headers["x-kvroute-backend"]
     assert state.kv is not None
-    await until(lambda: not state.kv.status(url).running)  # type: ignore[union-attr]
+    await until(lambda: state.kv.status(url).num_malformed_batches > 0)  # type: ignore[union-attr]
     monkeypatch.undo()
-    assert not state.fleet.is_exact(url)  # a view nobody updates is not trusted
+    assert state.kv.status(url).running  # the batch is skipped, the feed goes on
+    assert not state.fleet.is_exact(url)  # a view that missed a batch is not trusted
+    metrics = await (await router.get("/metrics")).text()
+    assert f'kvroute_backend_kv_malformed_batches{{backend="{url}"}}' in metrics
     again = await complete(router, SHARED + "still routed")
     assert again.status == 200
 

@@ -46,8 +46,9 @@ class EventCacheModel(CacheModel):
     - ``_confirmed[k]`` counts the engine blocks mapped to k in ``_engine_to_key``.
 
     Capacity is the engine's business: the model never evicts on its own, so the global
-    index cap does not apply to it (``oldest_seq`` is None) and ``capacity_blocks`` is
+    index cap does not evict from it (``oldest_seq`` is None) and ``capacity_blocks`` is
     informational (the scraped ``num_gpu_blocks``, or the size when that is larger).
+    ``ExactSync`` caps ``num_stored`` instead: past the cap the view falls back.
     """
 
     def __init__(self, capacity_blocks: int) -> None:
@@ -219,6 +220,11 @@ class EventCacheModel(CacheModel):
             if key not in self._confirmed:
                 self._make_absent(key, removed)
         return removed
+
+    @property
+    def num_stored(self) -> int:
+        """Engine blocks the model maps (visible or not): what the exact view's cap counts."""
+        return len(self._engine_to_key)
 
     @property
     def num_confirmed(self) -> int:

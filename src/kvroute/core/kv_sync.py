@@ -14,6 +14,16 @@ engine restarted (its cache is new: start clean); ``seq > last_seq + 1`` is a ga
 gap the caller may replay from ``next_seq``; if it cannot fill it, ``gap_unfilled`` makes
 the backend approximate until the engine's next ``AllBlocksCleared``.
 
+A large batch may be applied in parts (``expect_parts``), so the caller can yield
+between them: the parts arrive as calls with the same ``seq``, and ``last_seq`` moves to
+it with the last one. A batch whose parts stopped coming (or whose apply raised) counts
+as lost: ``gap_unfilled(url, seq + 1)``, or the next batch, makes the backend approximate.
+
+Caps: the exact views together hold at most the index's ``max_entries`` engine blocks,
+and each at most ``max_stored_blocks`` (default: the same). A ``BlockStored`` that would
+pass either makes that backend approximate (``num_overflows``) until its next reset: an
+engine cannot hold more blocks than the router was sized for, so its stream is wrong.
+
 Everything here is pure; the router's subscriber does the I/O.
 """
 
@@ -60,6 +70,12 @@ class KvStream:
     num_batches: int = 0  # batches applied
     num_events: int = 0  # events in them
     lag_s: float | None = None  # receive time - engine timestamp of the last batch
+    num_overflows: int = 0  # exact view dropped for passing its cap
+    # calls still owed for batch next_seq, whose first part is applied: its parts to come,
+    # or 1 while one is applied (left set if applying raised); last_seq moves to it once
+    # every part is in, so a nonzero value means the view holds part of that batch
+    parts_left: int = 0
+    announced: tuple[int, int] | None = None  # (seq, parts) from expect_parts, unused yet
 
     @property
     def next_seq(self) -> int:
@@ -85,10 +101,20 @@ class _Speculation:
 class ExactSync:
     """Streams, model swaps and speculative entries for every backend of one index."""
 
-    def __init__(self, index: PrefixIndex, mode: str, speculative_ttl_s: float) -> None:
+    def __init__(
+        self,
+        index: PrefixIndex,
+        mode: str,
+        speculative_ttl_s: float,
+        max_stored_blocks: int | None = None,
+    ) -> None:
         self.index = index
         self.mode = mode
         self.speculative_ttl_s = speculative_ttl_s
+        # one exact view's cap (engine blocks); all of them together: index.max_entries
+        self.max_stored_blocks = max_stored_blocks or index.max_entries
+        if self.max_stored_blocks < 1:
+            raise ValueError("max_stored_blocks must be >= 1")
         self.url_to_stream: dict[str, KvStream] = {}
         self._queue: deque[tuple[float, int]] = deque()  # (expiry, ticket id), by expiry
         self._ticket_to_spec: dict[int, _Speculation] = {}
@@ -108,12 +134,26 @@ class ExactSync:
 
     # -- streams ---------------------------------------------------------------------------
 
+    def expect_parts(self, url: str, seq: int, parts: int) -> None:
+        """The next ``apply_batch`` call for ``url`` is the first of ``parts`` calls that
+        carry batch ``seq`` in order (the announcement is used up by that next call)."""
+        s = self.url_to_stream.get(url)
+        if s is not None:
+            s.announced = (seq, max(1, parts))
+
     def apply_batch(
         self, url: str, seq: int, ts: float, events: Sequence[KvEvent], lag_s: float | None
     ) -> KvOutcome:
         s = self.url_to_stream.get(url)
         if s is None:
             return KvOutcome.UNKNOWN
+        announced, s.announced = s.announced, None
+        if s.parts_left and seq == s.next_seq:  # the next part of a batch being applied
+            s.num_events += len(events)
+            self._apply_parts(url, s, seq, events)
+            return KvOutcome.APPLIED
+        if s.parts_left:  # another batch while parts were owed: that one is incomplete
+            self.gap_unfilled(url, s.next_seq + 1)
         kind = s.classify(seq, ts)
         if kind == "restart":
             s.num_restarts += 1
@@ -127,13 +167,21 @@ class ExactSync:
                 s.gap_at = s.next_seq
                 s.num_gaps += 1
             return KvOutcome.GAP
-        s.last_seq, s.last_ts, s.gap_at, s.lag_s = seq, ts, None, lag_s
+        s.last_ts, s.gap_at, s.lag_s = ts, None, lag_s
         s.num_batches += 1
         s.num_events += len(events)
+        s.parts_left = announced[1] if announced is not None and announced[0] == seq else 1
         if seq == 0:
             self._sync(url, s)  # the engine's whole history starts here
-        self._apply_events(url, s, events)
+        self._apply_parts(url, s, seq, events)
         return KvOutcome.APPLIED
+
+    def _apply_parts(self, url: str, s: KvStream, seq: int, events: Sequence[KvEvent]) -> None:
+        """Apply one part of batch ``seq``; the batch counts as applied after its last."""
+        self._apply_events(url, s, events)
+        s.parts_left -= 1
+        if not s.parts_left:
+            s.last_seq = seq
 
     def history_empty(self, url: str) -> None:
         """The engine's replay buffer is empty: it never published, its cache holds nothing."""
@@ -142,17 +190,24 @@ class ExactSync:
             self._sync(url, s)
 
     def gap_unfilled(self, url: str, resume_seq: int) -> None:
-        """Batches before ``resume_seq`` are lost: approximate until the next reset."""
+        """Batches before ``resume_seq`` are lost (a batch applied in part included):
+        approximate until the next reset."""
         s = self.url_to_stream.get(url)
-        if s is None or resume_seq <= s.next_seq:
+        if s is None:
+            return
+        cut_short, s.parts_left = s.parts_left > 0, 0  # a part-applied batch is lost too
+        if resume_seq <= s.next_seq and not cut_short:
             return
         self._fall_back(url, s, seed=True)
-        s.last_seq, s.gap_at = resume_seq - 1, None
+        s.last_seq, s.gap_at = max(s.last_seq, resume_seq - 1), None
 
     def _apply_events(self, url: str, s: KvStream, events: Sequence[KvEvent]) -> None:
         if self.mode == "approximate":
             return
         model = self.model(url) if s.synced else None
+        # room left under the fleet-wide cap once the other exact views are counted
+        others = sum(m.num_stored for u in self.url_to_stream if u != url and (m := self.model(u)))
+        room = min(self.max_stored_blocks, self.index.max_entries - others)
         for event in events:
             if isinstance(event, AllBlocksCleared):
                 if model is None:
@@ -163,6 +218,11 @@ class ExactSync:
             elif model is None or event.medium not in (None, "GPU"):
                 continue  # not synced yet, or another tier (CPU offload)
             elif isinstance(event, BlockStored):
+                if model.num_stored + len(event.block_hashes) > room:
+                    s.num_overflows += 1
+                    self._fall_back(url, s, seed=False)  # a seed would cost O(cap) here
+                    model = None
+                    continue
                 added = model.store(
                     event.block_hashes, event.parent_block_hash, event.token_ids,
                     event.block_size, chain_seed(cache_salt_of(event), event.lora_name),
@@ -226,3 +286,6 @@ class ExactSync:
             assert (model is not None) == s.synced, f"sync: {url} model kind != synced"
             if model is not None:
                 model.check_invariants()
+                assert model.num_stored <= self.max_stored_blocks, f"sync: {url} over its cap"
+        exact = [m.num_stored for u in self.url_to_stream if (m := self.model(u))]
+        assert sum(exact) <= self.index.max_entries, "sync: exact views over the index cap"

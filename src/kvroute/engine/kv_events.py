@@ -17,12 +17,18 @@ requests are keyed.
 Block hashes are integers. vLLM can also send 32-byte hashes; the decoder keeps their
 last 8 bytes as a big-endian unsigned integer, as llm-d does (it matches vLLM's
 ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES`` lower-64-bit conversion).
+
+The decoder takes bytes from the network: anything that is not a well-formed batch
+within ``KvEventLimits`` raises ValueError, never another exception. ``BatchReader``
+decodes a batch a few events at a time and ``split_events`` cuts decoded events into
+parts of bounded work, so a caller with an event loop can yield between them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import msgspec
@@ -74,6 +80,29 @@ class AllBlocksCleared:
 
 
 KvEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+@dataclass(frozen=True, slots=True)
+class KvEventLimits:
+    """Bounds on one batch; a batch past any of them is rejected whole (ValueError).
+
+    A vLLM step stores at most its batched tokens and evicts about as many blocks, so
+    real batches stay far below these (a few thousand blocks, under 1 MB).
+    """
+
+    max_events: int = 1 << 16  # events per batch
+    max_blocks: int = 1 << 18  # block hashes per batch, all events together
+    max_blocks_per_event: int = 1 << 15  # block hashes per event
+    max_tokens_per_event: int = 1 << 20  # token ids per BlockStored
+    max_block_size: int = 1 << 16  # tokens per block
+
+    def __post_init__(self) -> None:
+        for name in self.__slots__:
+            if getattr(self, name) < 1:
+                raise ValueError(f"KvEventLimits.{name} must be >= 1")
+
+
+DEFAULT_LIMITS = KvEventLimits()
 
 _FIELDS: dict[str, tuple[str, ...]] = {
     "BlockStored": (
@@ -136,73 +165,201 @@ def _optional_hash(value: Any) -> int | None:
     return None if value is None else _hash_of(value)
 
 
-def _int_list(value: Any, what: str) -> list[int]:
+def _hashes(value: Any, limits: KvEventLimits) -> list[int]:
     if not isinstance(value, list):
-        raise ValueError(f"{what} must be a list")
-    return [_hash_of(v) for v in value] if what == "block_hashes" else [int(v) for v in value]
+        raise ValueError("block_hashes must be a list")
+    if len(value) > limits.max_blocks_per_event:
+        raise ValueError(
+            f"{len(value)} block hashes in one event (limit {limits.max_blocks_per_event})"
+        )
+    return [_hash_of(v) for v in value]
 
 
-def _extra_keys(value: Any) -> list[Any] | None:
-    if value is None or isinstance(value, list):
+def _token_ids(value: Any, limits: KvEventLimits) -> list[int]:
+    if not isinstance(value, list):
+        raise ValueError("token_ids must be a list")
+    if len(value) > limits.max_tokens_per_event:
+        raise ValueError(
+            f"{len(value)} token ids in one event (limit {limits.max_tokens_per_event})"
+        )
+    # bool is an int subclass; msgpack ints are within 64 bits already
+    if not all(type(v) is int for v in value):
+        raise ValueError("token_ids must be integers")
+    return value
+
+
+def _block_size(value: Any, limits: KvEventLimits) -> int:
+    if type(value) is not int or not 1 <= value <= limits.max_block_size:
+        raise ValueError(
+            f"block_size must be an integer in [1, {limits.max_block_size}], got {value!r:.40}"
+        )
+    return value
+
+
+def _optional(value: Any, kind: type, what: str) -> Any:
+    if value is None or (isinstance(value, kind) and not isinstance(value, bool)):
         return value
-    raise ValueError(f"extra_keys must be a list or nil, got {type(value).__name__}")
+    raise ValueError(f"{what} must be a {kind.__name__} or nil, got {type(value).__name__}")
 
 
 def _fields_of(raw: Any) -> tuple[str, dict[str, Any]]:
     """Tag and named fields of one wire event, array or map form."""
     if isinstance(raw, dict):
         tag = raw.get("type")
-        if tag not in _FIELDS:
-            raise ValueError(f"unknown KV event type {tag!r}")
+        if not isinstance(tag, str) or tag not in _FIELDS:
+            raise ValueError(f"unknown KV event type {tag!r:.80}")
         return tag, {k: raw[k] for k in _FIELDS[tag] if k in raw}
-    if isinstance(raw, list) and raw and raw[0] in _FIELDS:
+    if isinstance(raw, list) and raw and isinstance(raw[0], str) and raw[0] in _FIELDS:
         tag = raw[0]
         return tag, dict(zip(_FIELDS[tag], raw[1:], strict=False))
     raise ValueError(f"not a KV event: {raw!r:.80}")
 
 
-def _event_from_wire(raw: Any) -> KvEvent:
+def _event_from_wire(raw: Any, limits: KvEventLimits = DEFAULT_LIMITS) -> KvEvent:
     tag, f = _fields_of(raw)
     if tag == "AllBlocksCleared":
         return AllBlocksCleared()
-    try:
-        hashes = _int_list(f["block_hashes"], "block_hashes")
-        if tag == "BlockRemoved":
-            return BlockRemoved(hashes, f.get("medium", "GPU"))
-        return BlockStored(
-            hashes,
-            _optional_hash(f.get("parent_block_hash")),
-            _int_list(f["token_ids"], "token_ids"),
-            int(f["block_size"]),
-            f.get("lora_id"),
-            f.get("medium", "GPU"),
-            f.get("lora_name"),
-            _extra_keys(f.get("extra_keys")),
-        )
-    except (KeyError, TypeError) as exc:
-        raise ValueError(f"malformed {tag} event: {exc!r}") from None
+    if "block_hashes" not in f:
+        raise ValueError(f"malformed {tag} event: no block_hashes")
+    hashes = _hashes(f["block_hashes"], limits)
+    medium = _optional(f.get("medium", "GPU"), str, "medium")
+    if tag == "BlockRemoved":
+        return BlockRemoved(hashes, medium)
+    if "token_ids" not in f or "block_size" not in f:
+        raise ValueError("malformed BlockStored event: no token_ids or block_size")
+    token_ids = _token_ids(f["token_ids"], limits)
+    return BlockStored(
+        hashes,
+        _optional_hash(f.get("parent_block_hash")),
+        token_ids,
+        _block_size(f["block_size"], limits),
+        _optional(f.get("lora_id"), int, "lora_id"),
+        medium,
+        _optional(f.get("lora_name"), str, "lora_name"),
+        _optional(f.get("extra_keys"), list, "extra_keys"),
+    )
 
 
-def decode_batch(payload: bytes) -> tuple[float, list[KvEvent]]:
+_RAW_LIST = msgspec.msgpack.Decoder(list[msgspec.Raw])
+
+
+def _num_blocks(event: KvEvent) -> int:
+    return 0 if isinstance(event, AllBlocksCleared) else len(event.block_hashes)
+
+
+class BatchReader:
+    """One payload's events, decoded on demand (``read``) within ``limits``.
+
+    The constructor reads only the batch's frame (timestamp, event count): each event
+    stays encoded until read, so decoding can be spread over several calls.
+    """
+
+    def __init__(self, payload: bytes, limits: KvEventLimits = DEFAULT_LIMITS) -> None:
+        self.limits = limits
+        try:
+            outer = _RAW_LIST.decode(payload)
+            if len(outer) < 2:
+                raise ValueError("a KV event batch is [ts, [events...], (dp_rank)]")
+            ts = _DECODER.decode(outer[0])
+            self._raw = _RAW_LIST.decode(outer[1])
+        except msgspec.DecodeError as exc:  # ValidationError included: not [ts, [..]]
+            raise ValueError(f"not a KV event batch: {exc}") from None
+        if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts):
+            raise ValueError(f"batch timestamp must be a finite number, got {ts!r:.40}")
+        if len(self._raw) > limits.max_events:
+            raise ValueError(f"{len(self._raw)} events in one batch (limit {limits.max_events})")
+        self.ts = float(ts)
+        self._next = 0  # index of the next event to decode
+        self._num_blocks = 0  # block hashes decoded so far
+
+    @property
+    def remaining(self) -> int:
+        return len(self._raw) - self._next
+
+    def read(self, max_blocks: int | None = None) -> list[KvEvent]:
+        """Decode the next events, until they hold ``max_blocks`` blocks (an event without
+        blocks counts as one) or the batch ends; ValueError when one is malformed or the
+        batch exceeds its limits."""
+        events = []
+        work = 0
+        while self._next < len(self._raw) and (max_blocks is None or work < max_blocks):
+            raw = self._raw[self._next]
+            self._next += 1
+            try:
+                event = _event_from_wire(_DECODER.decode(raw), self.limits)
+            except msgspec.DecodeError as exc:
+                raise ValueError(f"not msgpack: {exc}") from None
+            except (TypeError, OverflowError, RecursionError) as exc:  # a value of the wrong shape
+                raise ValueError(f"malformed KV event: {exc!r:.120}") from None
+            n = _num_blocks(event)
+            self._num_blocks += n
+            if self._num_blocks > self.limits.max_blocks:
+                raise ValueError(f"more than {self.limits.max_blocks} blocks in one batch")
+            events.append(event)
+            work += max(1, n)
+        return events
+
+
+def decode_batch(
+    payload: bytes, limits: KvEventLimits = DEFAULT_LIMITS
+) -> tuple[float, list[KvEvent]]:
     """Timestamp and events of one payload; ValueError when it is not a KV event batch."""
-    try:
-        batch = _DECODER.decode(payload)
-    except msgspec.DecodeError as exc:
-        raise ValueError(f"not msgpack: {exc}") from None
-    if not isinstance(batch, list) or len(batch) < 2 or not isinstance(batch[1], list):
-        raise ValueError("a KV event batch is [ts, [events...], (dp_rank)]")
-    ts = batch[0]
-    if isinstance(ts, bool) or not isinstance(ts, (int, float)):
-        raise ValueError(f"batch timestamp must be a number, got {ts!r}")
-    return float(ts), [_event_from_wire(e) for e in batch[1]]
+    reader = BatchReader(payload, limits)
+    return reader.ts, reader.read()
+
+
+def split_events(events: Sequence[KvEvent], max_blocks: int) -> Iterator[list[KvEvent]]:
+    """``events`` in consecutive parts of at most ``max_blocks`` blocks each (at least one
+    event per part). A longer ``BlockStored`` or ``BlockRemoved`` is cut into pieces: a
+    stored piece names the block before it as its parent, so applying the parts in order
+    is applying the events."""
+    if max_blocks < 1:
+        raise ValueError(f"max_blocks must be >= 1, got {max_blocks}")
+    part: list[KvEvent] = []
+    size = 0
+    for event in events:
+        for piece in _pieces(event, max_blocks):
+            n = max(1, _num_blocks(piece))
+            if part and size + n > max_blocks:
+                yield part
+                part, size = [], 0
+            part.append(piece)
+            size += n
+    if part:
+        yield part
+
+
+def _pieces(event: KvEvent, max_blocks: int) -> Iterator[KvEvent]:
+    if isinstance(event, AllBlocksCleared) or len(event.block_hashes) <= max_blocks:
+        yield event
+        return
+    hashes = event.block_hashes
+    for start in range(0, len(hashes), max_blocks):
+        end = start + max_blocks
+        if isinstance(event, BlockRemoved):
+            yield BlockRemoved(hashes[start:end], event.medium)
+            continue
+        bs = event.block_size
+        extra = event.extra_keys
+        yield replace(
+            event,
+            block_hashes=hashes[start:end],
+            parent_block_hash=hashes[start - 1] if start else event.parent_block_hash,
+            token_ids=event.token_ids[start * bs : end * bs],
+            extra_keys=extra[start:end] if extra is not None else None,
+        )
 
 
 __all__ = [
+    "DEFAULT_LIMITS",
     "AllBlocksCleared",
+    "BatchReader",
     "BlockRemoved",
     "BlockStored",
     "KvEvent",
+    "KvEventLimits",
     "cache_salt_of",
     "decode_batch",
     "encode_batch",
+    "split_events",
 ]

@@ -15,8 +15,18 @@ approximate model for that backend until the engine's next ``AllBlocksCleared``.
 start, a backend with a replay endpoint is synced from seq 0 the same way, so a router
 that starts after its engines does not wait for a reset.
 
-The request path never waits on events: receiving is ``zmq.asyncio``, each batch is
-applied in one short synchronous call and the task yields to the loop after each one.
+The request path never waits on events: receiving is ``zmq.asyncio``; a batch is decoded
+a slice of events at a time and applied in parts of at most ``slice_blocks`` blocks
+(``ExactSync.expect_parts``), yielding to the loop between slices.
+
+Hostile or broken input: a message larger than ``max_message_bytes`` is refused by ZMQ
+(``ZMQ_MAXMSGSIZE``: the connection drops and the lost batches show as a gap); a batch
+that fails to decode (``KvEventLimits``) or to apply is skipped and counted
+(``num_malformed_batches``), and since the view now misses it, the backend goes
+approximate as after an unfilled gap. If the feed task fails anyway (a socket error), it
+is logged and restarted with exponential backoff (``num_feed_restarts``); a run that
+received nothing also drops the view. Queued memory is at most ``rcv_hwm`` messages of
+``max_message_bytes`` per backend.
 """
 
 from __future__ import annotations
@@ -33,11 +43,22 @@ import zmq.asyncio
 
 from kvroute.core.fleet import Fleet
 from kvroute.core.kv_sync import KvOutcome
-from kvroute.engine.kv_events import decode_batch
+from kvroute.engine.kv_events import (
+    DEFAULT_LIMITS,
+    BatchReader,
+    KvEvent,
+    KvEventLimits,
+    split_events,
+)
 
 log = logging.getLogger(__name__)
 
 END_SEQ = -1  # a replay's last frame carries this (8 bytes, signed)
+MAX_MESSAGE_BYTES = 16 << 20  # ZMQ_MAXMSGSIZE: real batches stay under 1 MB
+RCV_HWM = 10_000  # messages queued per SUB before ZMQ drops (shows as a gap)
+SLICE_BLOCKS = 2048  # blocks decoded or applied between two yields to the loop
+RESTART_BACKOFF_S = (0.1, 10.0)  # first and longest wait before restarting a failed feed
+STABLE_RUN_S = 30.0  # a run this long resets the backoff
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +75,11 @@ class KvSubscriberStatus:
     num_gaps: int  # sequence gaps found
     num_events: int  # events applied
     num_replays: int  # replay requests sent
-    num_bad_messages: int  # messages that were not KV event batches
+    num_bad_messages: int  # messages not framed as [topic, seq, payload]: ignored
+    num_malformed_batches: int  # batches that failed to decode or apply: skipped
+    num_feed_restarts: int  # times the feed task failed and was restarted
+    num_overflows: int  # times the exact view passed its cap and was dropped
+    num_disconnects: int  # connections to the publisher lost (and made again)
 
 
 class _Feed:
@@ -65,8 +90,13 @@ class _Feed:
         self.endpoint = endpoint
         self.replay_endpoint = replay_endpoint
         self.task: asyncio.Task[None] | None = None
+        self.sock: zmq.asyncio.Socket | None = None  # the SUB of the current run
         self.num_replays = 0
         self.num_bad = 0
+        self.num_malformed = 0
+        self.num_restarts = 0
+        self.num_received = 0  # framed messages received (all runs)
+        self.num_disconnects = 0  # connections to the publisher lost (and made again)
 
 
 class KvEventSubscriber:
@@ -74,7 +104,8 @@ class KvEventSubscriber:
 
     ``backends`` maps backend URL -> PUB endpoint, ``replay`` URL -> replay endpoint.
     ``clock`` is the fleet's clock (its ``now``); ``wall`` measures lag against the
-    engine's timestamps (the engines' wall clocks).
+    engine's timestamps (the engines' wall clocks). ``limits`` bounds one batch,
+    ``max_message_bytes`` one ZMQ message, ``rcv_hwm`` the messages queued per backend.
     """
 
     def __init__(
@@ -87,12 +118,26 @@ class KvEventSubscriber:
         wall: Callable[[], float] = time.time,
         topic: str = "",
         replay_timeout_s: float = 2.0,
+        limits: KvEventLimits = DEFAULT_LIMITS,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
+        rcv_hwm: int = RCV_HWM,
+        slice_blocks: int = SLICE_BLOCKS,
+        restart_backoff_s: tuple[float, float] = RESTART_BACKOFF_S,
     ) -> None:
+        if max_message_bytes < 1 or rcv_hwm < 1 or slice_blocks < 1:
+            raise ValueError("max_message_bytes, rcv_hwm and slice_blocks must be >= 1")
+        if not 0 < restart_backoff_s[0] <= restart_backoff_s[1]:
+            raise ValueError("restart_backoff_s must be (first, longest) with 0 < first <= longest")
         self.fleet = fleet
         self._clock = clock
         self._wall = wall
         self._topic = topic.encode()
         self._replay_timeout_s = replay_timeout_s
+        self._limits = limits
+        self._max_message_bytes = max_message_bytes
+        self._rcv_hwm = rcv_hwm
+        self._slice_blocks = slice_blocks
+        self._backoff = restart_backoff_s
         self._ctx: zmq.asyncio.Context | None = None
         self._feeds: dict[str, _Feed] = {}
         for url, endpoint in (backends or {}).items():
@@ -149,6 +194,10 @@ class KvEventSubscriber:
             num_events=stream.num_events if stream is not None else 0,
             num_replays=feed.num_replays,
             num_bad_messages=feed.num_bad,
+            num_malformed_batches=feed.num_malformed,
+            num_feed_restarts=feed.num_restarts,
+            num_overflows=stream.num_overflows if stream is not None else 0,
+            num_disconnects=feed.num_disconnects,
         )
 
     def urls(self) -> list[str]:
@@ -157,7 +206,7 @@ class KvEventSubscriber:
     def _launch(self, feed: _Feed) -> None:
         if feed.task is None or feed.task.done():
             name = f"kv-events-{feed.url}"
-            feed.task = asyncio.get_running_loop().create_task(self._follow(feed), name=name)
+            feed.task = asyncio.get_running_loop().create_task(self._run(feed), name=name)
 
     @staticmethod
     async def _cancel(feed: _Feed) -> None:
@@ -169,14 +218,55 @@ class KvEventSubscriber:
 
     # -- receiving -------------------------------------------------------------------------
 
-    async def _follow(self, feed: _Feed) -> None:
+    async def _run(self, feed: _Feed) -> None:
+        """Follow ``feed``; restart it with backoff whenever it fails (module doc)."""
+        delay = self._backoff[0]
+        while True:
+            started, received = self._clock(), feed.num_received
+            try:
+                await self._follow(feed)
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is None or task.cancelling():
+                    raise  # stop() or remove_backend()
+                error: BaseException = ConnectionError("a receive was cancelled under it")
+            except Exception as exc:  # a socket error, or a bug: routing must go on
+                error = exc
+            feed.num_restarts += 1
+            if feed.num_received == received:  # it gets nothing: stop trusting the view
+                next_seq = self.fleet.kv_next_seq(feed.url)
+                if next_seq is not None:
+                    self.fleet.kv_gap_unfilled(feed.url, next_seq + 1)
+            if self._clock() - started >= STABLE_RUN_S:
+                delay = self._backoff[0]
+            log.warning(
+                "KV event feed of %s failed (%r); restart %d in %.1f s",
+                feed.url,
+                error,
+                feed.num_restarts,
+                delay,
+                exc_info=not isinstance(error, (zmq.ZMQError, ConnectionError)),
+            )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self._backoff[1])
+
+    def _socket(self, kind: int) -> zmq.asyncio.Socket:
         assert self._ctx is not None, "feeds run only while the subscriber is started"
-        sock = self._ctx.socket(zmq.SUB)
+        sock = self._ctx.socket(kind)
         sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.RCVHWM, 100_000)
-        sock.setsockopt(zmq.SUBSCRIBE, self._topic)
-        sock.connect(feed.endpoint)
+        sock.setsockopt(zmq.MAXMSGSIZE, self._max_message_bytes)
+        return sock
+
+    async def _follow(self, feed: _Feed) -> None:
+        sock = self._socket(zmq.SUB)
+        watcher: asyncio.Task[None] | None = None
         try:
+            sock.setsockopt(zmq.RCVHWM, self._rcv_hwm)
+            sock.setsockopt(zmq.SUBSCRIBE, self._topic)
+            monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+            watcher = asyncio.get_running_loop().create_task(self._reconnect(feed, sock, monitor))
+            sock.connect(feed.endpoint)
+            feed.sock = sock
             if feed.replay_endpoint is not None:
                 await self._initial_sync(feed)
             while True:
@@ -184,18 +274,40 @@ class KvEventSubscriber:
                 if len(frames) != 3 or len(frames[1]) != 8:
                     feed.num_bad += 1
                     continue
+                feed.num_received += 1
                 await self._handle(feed, int.from_bytes(frames[1], "big"), frames[2])
                 await asyncio.sleep(0)  # a burst of queued batches must not hog the loop
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # a bug here must not kill routing; the backend goes approximate
-            log.exception("KV event feed of %s stopped", feed.url)
-            next_seq = self.fleet.kv_next_seq(feed.url)
-            if next_seq is not None:  # no more events will come: stop trusting the view
-                self.fleet.kv_gap_unfilled(feed.url, next_seq + 1)
-            # logged; the task ends (status: not running) and stop() has nothing to raise
         finally:
+            feed.sock = None
+            if watcher is not None:
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watcher
             sock.close(linger=0)
+
+    @staticmethod
+    async def _reconnect(
+        feed: _Feed, sock: zmq.asyncio.Socket, monitor: zmq.asyncio.Socket
+    ) -> None:
+        """Connect again after each disconnect. ZMQ reconnects by itself after a network
+        error but not after a protocol error, such as a message over ZMQ_MAXMSGSIZE: without
+        this, one oversized batch would silence the feed for good."""
+        try:
+            while True:
+                await monitor.recv_multipart()  # EVENT_DISCONNECTED (or the monitor's end)
+                if sock.closed:
+                    return  # the run is over; its successor has its own socket
+                feed.num_disconnects += 1
+                log.info("KV event feed of %s disconnected; connecting again", feed.url)
+                with contextlib.suppress(zmq.ZMQError):
+                    sock.disconnect(feed.endpoint)
+                sock.connect(feed.endpoint)
+        except zmq.ZMQError as exc:  # the socket went away meanwhile: the run fails anyway
+            log.debug("KV event feed of %s: reconnect watcher ends: %s", feed.url, exc)
+        finally:
+            with contextlib.suppress(zmq.ZMQError):
+                sock.disable_monitor()
+            monitor.close(linger=0)
 
     async def _initial_sync(self, feed: _Feed) -> None:
         """Replay from 0: the engine's whole history, or proof that it has none."""
@@ -205,27 +317,72 @@ class KvEventSubscriber:
         if received == 0 and self.fleet.kv_next_seq(feed.url) == 0:
             self.fleet.kv_history_empty(feed.url)
 
-    async def _handle(self, feed: _Feed, seq: int, payload: bytes) -> None:
-        outcome = self._apply(feed, seq, payload)
-        if outcome is not KvOutcome.GAP:
+    async def _handle(self, feed: _Feed, seq: int, payload: bytes, *, replay: bool = True) -> None:
+        """Decode and apply one batch; on a gap, replay first (``replay``) or give up on
+        the missing batches. A malformed batch is skipped and counted."""
+        decoded = await self._decode(feed, seq, payload)
+        if decoded is None:
             return
-        start = self.fleet.kv_next_seq(feed.url)
-        if feed.replay_endpoint is not None and start is not None:
-            await self._replay(feed, start)
-            outcome = self._apply(feed, seq, payload)
+        ts, parts = decoded
+        outcome = self._apply(feed, seq, ts, parts[0], len(parts))
+        if outcome is KvOutcome.GAP and replay and feed.replay_endpoint is not None:
+            start = self.fleet.kv_next_seq(feed.url)
+            if start is not None:
+                await self._replay(feed, start)
+                outcome = self._apply(feed, seq, ts, parts[0], len(parts))
         if outcome is KvOutcome.GAP:
             self.fleet.kv_gap_unfilled(feed.url, seq)
-            self._apply(feed, seq, payload)
+            outcome = self._apply(feed, seq, ts, parts[0], len(parts))
+        for part in parts[1:]:
+            if outcome is not KvOutcome.APPLIED:
+                return  # a duplicate, a removed backend, or a failure (already counted)
+            await asyncio.sleep(0)
+            outcome = self._apply(feed, seq, ts, part)
 
-    def _apply(self, feed: _Feed, seq: int, payload: bytes) -> KvOutcome | None:
+    async def _decode(
+        self, feed: _Feed, seq: int, payload: bytes
+    ) -> tuple[float, list[list[KvEvent]]] | None:
+        """Timestamp and events in parts of at most ``slice_blocks`` blocks; None when the
+        payload is not a batch within the limits (counted, view dropped)."""
         try:
-            ts, events = decode_batch(payload)
-        except ValueError:
-            feed.num_bad += 1
+            reader = BatchReader(payload, self._limits)
+            events = reader.read(self._slice_blocks)
+            while reader.remaining:
+                await asyncio.sleep(0)
+                events += reader.read(self._slice_blocks)
+        except ValueError as exc:
+            self._skip(feed, seq, exc)
             return None
-        now = self._clock()
-        lag_s = max(0.0, self._wall() - ts)
-        return self.fleet.apply_kv_batch(feed.url, seq, ts, events, now, lag_s=lag_s)
+        return reader.ts, list(split_events(events, self._slice_blocks)) or [[]]
+
+    def _apply(
+        self, feed: _Feed, seq: int, ts: float, events: list[KvEvent], parts: int = 1
+    ) -> KvOutcome | None:
+        """One call into the fleet: the first of ``parts`` parts of batch ``seq`` (or, after
+        that, its next part); None when applying raised (counted, view dropped)."""
+        try:
+            if parts > 1:
+                self.fleet.sync.expect_parts(feed.url, seq, parts)
+            lag_s = max(0.0, self._wall() - ts)
+            return self.fleet.apply_kv_batch(feed.url, seq, ts, events, self._clock(), lag_s=lag_s)
+        except Exception as exc:  # a bug in the core must not stop the feed
+            self._skip(feed, seq, exc)
+            return None
+
+    def _skip(self, feed: _Feed, seq: int, error: Exception) -> None:
+        """Batch ``seq`` is lost: count it, and stop trusting the view (as after a gap)."""
+        feed.num_malformed += 1
+        n = feed.num_malformed
+        if n & (n - 1) == 0:  # 1, 2, 4, 8, ...: a flood of bad batches logs O(log n) lines
+            log.warning(
+                "KV batch %d of %s skipped (%d so far): %s",
+                seq,
+                feed.url,
+                n,
+                error,
+                exc_info=not isinstance(error, ValueError),
+            )
+        self.fleet.kv_gap_unfilled(feed.url, seq + 1)
 
     async def _replay(self, feed: _Feed, start: int) -> int:
         """Ask the engine for batches ``>= start`` and apply them; returns how many came.
@@ -235,8 +392,7 @@ class KvEventSubscriber:
         """
         assert self._ctx is not None and feed.replay_endpoint is not None
         feed.num_replays += 1
-        sock = self._ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
+        sock = self._socket(zmq.DEALER)
         sock.connect(feed.replay_endpoint)
         received = 0
         try:
@@ -250,11 +406,9 @@ class KvEventSubscriber:
                 if seq == END_SEQ:
                     break
                 received += 1
-                if self._apply(feed, seq, frames[-1]) is KvOutcome.GAP:
-                    self.fleet.kv_gap_unfilled(feed.url, seq)
-                    self._apply(feed, seq, frames[-1])
+                await self._handle(feed, seq, frames[-1], replay=False)
                 await asyncio.sleep(0)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             log.warning("KV event replay from %s timed out", feed.replay_endpoint)
         finally:
             sock.close(linger=0)

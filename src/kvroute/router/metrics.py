@@ -172,6 +172,9 @@ class BackendCollector(Collector):
         "kvroute_backend_kv_gaps": "Sequence gaps found in the backend's KV event stream",
         "kvroute_backend_kv_restarts": "Engine restarts seen in the backend's KV event stream",
         "kvroute_backend_kv_replays": "KV event replays requested from the backend",
+        "kvroute_backend_kv_malformed_batches": "KV batches skipped: failed to decode or apply",
+        "kvroute_backend_kv_feed_restarts": "Times the KV-event feed task failed and restarted",
+        "kvroute_backend_kv_overflows": "Times the exact view passed its cap and was dropped",
         "kvroute_backend_speculative_blocks": "Dispatched blocks not yet confirmed by KV events",
         "kvroute_backend_reported_hit_rate": "Engine-reported cached_tokens / prompt tokens, "
         "over the responses that reported it",

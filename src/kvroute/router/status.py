@@ -33,6 +33,9 @@ def _kv_row(state: RouterState, url: str, fs: BackendState | None) -> dict[str, 
     row["kv_endpoint"] = sub.endpoint if sub else None
     row["kvroute_backend_kv_feed_up"] = int(sub.running) if sub else None
     row["kvroute_backend_kv_replays"] = sub.num_replays if sub else None
+    row["kvroute_backend_kv_malformed_batches"] = sub.num_malformed_batches if sub else None
+    row["kvroute_backend_kv_feed_restarts"] = sub.num_feed_restarts if sub else None
+    row["kvroute_backend_kv_overflows"] = sub.num_overflows if sub else None
     if fs is None:
         return row
     if sub is not None:  # stream counters only where events are followed
