@@ -12,7 +12,8 @@ the open connections: one still waiting for its headers ``header_timeout_s`` aft
 connection opened (first request) or after the request's first byte (later requests) is
 closed; a request whose body is not whole ``body_timeout_s`` after its headers gets 408
 (its body read raises ``RequestTimeout``). An idle kept-alive connection is aiohttp's:
-closed after ``keepalive_s``.
+closed after ``keepalive_s`` (which also bounds a pipelined request whose first bytes came
+while the one before it was handled: its header clock never started).
 
 Cost: one extra Python call per received chunk, a dict lookup and two attribute writes
 per request, and a sweep over the open connections per tick (at most once a second).
@@ -242,7 +243,7 @@ async def listener_middleware(request: web.Request, handler: Handler) -> web.Str
         return await handler(request)
     finally:
         if conn is not None:
-            guard.finished(conn)  # type: ignore[union-attr]
+            ConnectionGuard.finished(conn)
 
 
 class GuardedSite(web.BaseSite):
