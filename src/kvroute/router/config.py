@@ -131,16 +131,16 @@ class LimitConfig:
     retry_backoff_s: float = 0.02  # sleep before attempt k is k * this
     # a non-streaming answer read whole (for its usage.cached_tokens) is cut here: 502
     max_response_bytes: int = 64 * 1024 * 1024
+    # longer "model" names get 400: the name is a key of routing state until it is refused
+    max_model_name_chars: int = 256
 
     def __post_init__(self) -> None:
         _check(self.max_body_bytes >= 1024, "limits.max_body_bytes", "must be >= 1024")
+        _check(self.max_model_name_chars >= 1, "limits.max_model_name_chars", "must be >= 1")
         _check(self.max_connections >= 1, "limits.max_connections", "must be >= 1")
-    # longer "model" names get 400: the name is a key of routing state until it is refused
-    max_model_name_chars: int = 256
         _check(
             self.max_connections_per_backend >= 1,
             "limits.max_connections_per_backend",
-        _check(self.max_model_name_chars >= 1, "limits.max_model_name_chars", "must be >= 1")
             "must be >= 1",
         )
         _check(1 <= self.max_attempts <= 16, "limits.max_attempts", "must be in [1, 16]")
