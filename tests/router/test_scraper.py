@@ -72,3 +72,46 @@ async def test_scrape_feeds_the_fleet(harness: Harness) -> None:
         PAGE.replace(" 3.0", " 0.0").replace(" 2.0", " 0.0").replace(" 7.0", " 0.0")
     )
     await scrape(state, rt)
+
+
+def test_odd_values_on_the_page_are_ignored_not_raised() -> None:
+    """+Inf, NaN and negative gauges (a broken or hostile engine) are no state: round(inf)
+    raised OverflowError and lost the whole sample."""
+    page = (
+        PAGE.replace("} 3.0", "} +Inf")
+        .replace("} 7.0", "} NaN")
+        .replace("} 0.25", "} -1")
+        .replace('num_gpu_blocks="2048"', 'num_gpu_blocks="inf"')
+    )
+    s = parse_engine_metrics(page)
+    assert s.num_running == 2  # only the finite series of the family
+    assert s.num_waiting is None
+    assert s.kv_cache_usage is None
+    assert s.num_gpu_blocks is None
+    assert s.block_size == 16
+    assert s.prefix_cache_hits == 400.0
+
+
+async def test_a_scrape_that_ends_after_its_backend_left_routing_is_dropped(
+    harness: Harness,
+) -> None:
+    """A backend that turned unroutable while its page was in flight keeps no gauges:
+    turning unroutable cleared them, and the late sample must not write them back."""
+    import asyncio
+
+    from kvroute.router.scraper import scrape
+
+    b = await harness.backend("a")
+    b.state.metrics_text = PAGE
+    client = await harness.router([b.url])
+    state = harness.state(client)
+    rt = state.backends.get(b.url)
+    assert rt is not None and rt.routable
+    task = asyncio.create_task(scrape(state, rt))
+    state.backends.record_probe(b.url, False, "down")
+    state.backends.record_probe(b.url, False, "down")
+    assert not rt.routable and rt.engine is None
+    assert await task is None
+    assert rt.engine is None
+    (bs,) = state.fleet.backend_states()
+    assert bs.engine_num_waiting is None

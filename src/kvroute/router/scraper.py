@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
@@ -45,7 +46,8 @@ def parse_engine_metrics(text: str) -> EngineSample:
             if sample.name == CACHE_INFO:
                 block_size = _int_label(sample.labels, "block_size") or block_size
                 num_gpu_blocks = _int_label(sample.labels, "num_gpu_blocks") or num_gpu_blocks
-            else:
+            elif math.isfinite(sample.value) and sample.value >= 0:
+                # a negative, NaN or infinite gauge is not a state (and round() would raise)
                 sums[sample.name] = sums.get(sample.name, 0.0) + float(sample.value)
     kv = sums.get(KV_USAGE[0], sums.get(KV_USAGE[1]))
     return EngineSample(
@@ -66,9 +68,10 @@ def _opt_int(value: float | None) -> int | None:
 def _int_label(labels: dict[str, str], name: str) -> int | None:
     raw = labels.get(name)
     try:
-        return int(float(raw)) if raw not in (None, "", "None") else None
+        value = float(raw) if raw not in (None, "", "None") else math.nan
     except ValueError:
         return None
+    return int(value) if math.isfinite(value) and value > 0 else None
 
 
 async def scrape(state: RouterState, rt: BackendRuntime) -> str | None:
@@ -93,7 +96,9 @@ async def scrape(state: RouterState, rt: BackendRuntime) -> str | None:
         return f"/metrics: {type(exc).__name__}: {exc}"
     except ValueError as exc:
         return f"/metrics unreadable: {exc}"
-    if state.backends.get(rt.url) is rt:  # else removed while we waited
+    # removed, or out of routing, while we waited: the sample would write back gauges
+    # that turning unroutable has just cleared
+    if state.backends.get(rt.url) is rt and rt.routable:
         apply_sample(state, rt, sample)
     return None
 
