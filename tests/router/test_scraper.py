@@ -115,3 +115,14 @@ async def test_a_scrape_that_ends_after_its_backend_left_routing_is_dropped(
     assert rt.engine is None
     (bs,) = state.fleet.backend_states()
     assert bs.engine_num_waiting is None
+
+
+async def test_metrics_export_loop_tasks_and_requests_in_flight(harness: Harness) -> None:
+    """What a soak watches for leaks: tasks on the loop, requests being handled."""
+    b = await harness.backend("a")
+    client = await harness.router([b.url])
+    assert (await client.post("/v1/completions", json={"model": "m1", "prompt": "x"})).status == 200
+    lines = (await (await client.get("/metrics")).text()).splitlines()
+    tasks = [line for line in lines if line.startswith("kvroute_event_loop_tasks ")]
+    assert len(tasks) == 1 and float(tasks[0].split()[1]) >= 1
+    assert "kvroute_in_flight_requests 0.0" in lines

@@ -30,7 +30,7 @@ from kvroute.router.errors import KvrouteError, error_bytes
 from kvroute.router.health import health_loop, make_probe_session, probe_all
 from kvroute.router.kv_subscriber import KvEventSubscriber
 from kvroute.router.listener import listener_middleware
-from kvroute.router.metrics import BackendCollector, RouterMetrics
+from kvroute.router.metrics import BackendCollector, ProcessCollector, RouterMetrics
 from kvroute.router.proxy import CHAT_PATH, COMPLETIONS_PATH, handle_chat, handle_completions
 from kvroute.router.scraper import scrape_loop
 from kvroute.router.state import NOTE, STATE, RequestNote, RouterState
@@ -120,6 +120,7 @@ def make_app(
     for backend in config.backends:
         backends.add(backend)  # the subscriber already knows their endpoints
     metrics.add_collector(BackendCollector(lambda: backend_rows(state)))
+    metrics.add_collector(ProcessCollector(lambda: state.num_in_flight))
     app = web.Application(
         client_max_size=config.limits.max_body_bytes,
         middlewares=[error_middleware, listener_middleware],

@@ -7,6 +7,7 @@ backend registry only when ``/metrics`` is scraped, so they cost nothing per req
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -202,6 +203,32 @@ class BackendCollector(Collector):
         total = GaugeMetricFamily("kvroute_index_blocks", "Blocks in the router's prefix index")
         total.add_metric([], float(sum(r.get("kvroute_backend_index_blocks") or 0 for r in rows)))
         yield total
+
+
+class ProcessCollector(Collector):
+    """Router-wide gauges a soak watches for leaks: the event loop's tasks (a leaked
+    task per request would grow it) and the proxied requests being handled."""
+
+    def __init__(self, in_flight: Callable[[], int]) -> None:
+        self._in_flight = in_flight
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        try:
+            tasks: float | None = float(len(asyncio.all_tasks()))
+        except RuntimeError:  # collected outside the event loop (a test, a tool)
+            tasks = None
+        if tasks is not None:
+            yield GaugeMetricFamily(
+                "kvroute_event_loop_tasks", "Tasks alive on the router's event loop", tasks
+            )
+        yield GaugeMetricFamily(
+            "kvroute_in_flight_requests",
+            "Proxied requests being handled now (all backends)",
+            float(self._in_flight()),
+        )
 
 
 def _gauge_value(value: Any) -> float | None:
