@@ -42,3 +42,26 @@ async def test_bench_one_engine_of_two_reads_both_engines_counters(fleet):
     assert r["engine_prefix_hit_rate"] > 0.5
     # one backend, so no switch: only each group's first measured sighting is a miss
     assert r["router_stickiness"] == pytest.approx(21 / 24)
+
+
+@pytest.mark.parametrize("workload", ["gsp", "multiturn"])
+async def test_non_streaming_clients_are_measured_from_the_whole_answer(fleet, workload):
+    """``stream=False`` (the openai SDK's default): one JSON answer per request, its usage
+    read, TTFT equal to the whole response time, no ITL; chat and completions alike."""
+    if workload == "gsp":
+        overrides = dict(
+            num_groups="2", system_prompt_tokens="128", question_tokens="16", output_tokens="8"
+        )
+    else:
+        overrides = dict(
+            system_prompt_tokens="64", user_tokens="8,16", answer_tokens="8", think_time_s="0,0"
+        )
+    w = make_workload(workload, seed=3, overrides=overrides)
+    load = LoadConfig(mode="closed", num_users=2, num_requests=10, stream=False)
+    bench = await run_benchmark(fleet.urls[0], w, load, fleet.urls)
+    assert (bench.result["completed"], bench.result["failed"]) == (10, 0)
+    for rec in bench.records:
+        assert rec.ttft_s == pytest.approx(rec.e2e_s, abs=0.05)
+        assert rec.itl_s == () and rec.output_tokens == 8
+    assert bench.result["total_input_tokens"] == sum(r.prompt_tokens for r in bench.records)
+    assert bench.result["config"]["load"]["stream"] is False

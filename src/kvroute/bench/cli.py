@@ -85,6 +85,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--model", help="model field (default: first of the target's /v1/models)")
     p.add_argument("--router", help="label of the router under test, stored in result.json")
     p.add_argument("--ignore-eos", action="store_true", help="send vLLM's ignore_eos")
+    p.add_argument(
+        "--no-stream",
+        action="store_true",
+        help="non-streaming requests (the openai SDK's default); TTFT = whole response",
+    )
     p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout, seconds")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=main)
@@ -112,6 +117,7 @@ def build_load(args: argparse.Namespace, workload: Workload) -> LoadConfig:
         "burstiness": args.burstiness,
         "model": args.model,
         "ignore_eos": args.ignore_eos,
+        "stream": not args.no_stream,
         "request_timeout_s": args.timeout,
     }
     if args.concurrency is not None:

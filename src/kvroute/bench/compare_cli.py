@@ -59,6 +59,11 @@ def add_run_options(p: argparse.ArgumentParser, *, out_help: str) -> None:
     bound.add_argument("--num-requests", type=int, help="measured requests per router")
     p.add_argument("--num-warmup", type=int, help="requests left out of the metrics")
     p.add_argument(
+        "--no-stream",
+        action="store_true",
+        help="clients send non-streaming requests (the openai SDK's default)",
+    )
+    p.add_argument(
         "--sim-arg", action="append", default=[], metavar="ARG", help="extra `kvroute sim` arg"
     )
     p.add_argument("--out", help=out_help)
@@ -105,6 +110,8 @@ def config_from_args(args: argparse.Namespace, out: Path) -> CompareConfig:
         load["num_requests"] = args.num_requests
     if args.num_warmup is not None:
         load["num_warmup"] = args.num_warmup
+    if getattr(args, "no_stream", False):
+        load["stream"] = False
     return CompareConfig(
         workload=args.workload,
         routers=tuple(args.routers),

@@ -37,6 +37,9 @@ class LoadConfig:
     seed: int = 0  # think times and arrivals
     model: str | None = None  # "model" field; None: first of the target's /v1/models
     ignore_eos: bool = False  # send vLLM's ignore_eos so outputs reach max_tokens
+    # False: non-streaming requests (the openai SDK's default); TTFT is then the whole
+    # response time, as vLLM's bench reports it for non-streaming backends
+    stream: bool = True
     request_timeout_s: float = 600.0  # per request, whole response
 
     def __post_init__(self) -> None:

@@ -1,7 +1,8 @@
 """The HTTP load generator: sends workload specs to an OpenAI endpoint and times them.
 
 ``send_request`` streams one request and measures it as ``vllm bench serve`` does (TTFT
-at the first token chunk, one ITL per later chunk, usage from the final chunk).
+at the first token chunk, one ITL per later chunk, usage from the final chunk); a
+non-streaming request is one JSON answer, so its TTFT is the whole response time.
 ``LoadGenerator`` offers a workload in one of the ``LoadConfig`` modes; the runner
 calls ``warmup()`` then ``run()``.
 """
@@ -81,15 +82,17 @@ async def send_request(
     timeout_s: float = 600.0,
     default_backend: str | None = None,
     warmup: bool = False,
+    stream: bool = True,
 ) -> RequestRecord:
-    """Stream ``spec`` to ``target_url`` and measure it; never raises for HTTP trouble."""
+    """Send ``spec`` to ``target_url`` (streaming unless ``stream`` is False) and measure
+    it; never raises for HTTP trouble."""
     m = _Measure(start=time.perf_counter())
     itl: list[float] = []
     status = backend = decision = None
     try:
         async with session.post(
             target_url.rstrip("/") + spec.path,
-            json=spec.body(model, ignore_eos=ignore_eos),
+            json=spec.body(model, stream=stream, ignore_eos=ignore_eos),
             timeout=aiohttp.ClientTimeout(total=timeout_s),
         ) as resp:
             status = resp.status
@@ -97,8 +100,10 @@ async def send_request(
             decision = resp.headers.get("x-kvroute-decision")
             if status != 200:
                 m.error = f"HTTP {status}: {(await resp.text())[:300]}"
-            else:
+            elif stream:
                 await _read_stream(resp, m, itl)
+            else:
+                _read_whole(await resp.read(), m, time.perf_counter())
     except TimeoutError:
         m.error = f"timeout after {timeout_s:g} s"
     except (aiohttp.ClientError, OSError) as exc:
@@ -125,6 +130,20 @@ async def send_request(
         error=m.error,
         warmup=warmup,
     )
+
+
+def _read_whole(raw: bytes, m: _Measure, now: float) -> None:
+    """A non-streaming answer: one JSON body read like one stream payload (its text
+    counts as the first token, its usage as the final chunk's; ``read_chunk`` reads a
+    chat answer's ``message`` as a chunk's ``delta``)."""
+    try:
+        payload = raw.decode()
+    except UnicodeDecodeError:
+        m.error = "answer is not UTF-8"
+        return
+    m.on_payload(payload, now, [])
+    if m.error is None and m.ttft_s is None:
+        m.error = "answer without generated text"
 
 
 async def _read_stream(resp: aiohttp.ClientResponse, m: _Measure, itl: list[float]) -> None:
@@ -215,6 +234,7 @@ class LoadGenerator:
             ignore_eos=self._load.ignore_eos,
             timeout_s=self._load.request_timeout_s,
             default_backend=self._default_backend,
+            stream=self._load.stream,
             warmup=warmup,
         )
 

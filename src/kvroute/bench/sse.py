@@ -58,7 +58,8 @@ def _usage_fields(usage: Any) -> tuple[int | None, int | None, int | None]:
 
 
 def read_chunk(payload: str) -> Chunk:
-    """Interpret one ``data:`` payload of a completions or chat-completions stream."""
+    """Interpret one ``data:`` payload of a completions or chat-completions stream (or a
+    whole non-streaming answer: a chat answer's ``message`` reads as a ``delta``)."""
     if payload.strip() == DONE:
         return Chunk("", False, None, None, None, None, True)
     try:
@@ -75,7 +76,7 @@ def read_chunk(payload: str) -> Chunk:
     choices = data.get("choices")
     if isinstance(choices, list) and choices and isinstance(choices[0], dict):
         choice = choices[0]
-        delta = choice.get("delta")
+        delta = choice.get("delta", choice.get("message"))
         if isinstance(delta, dict):
             text = delta.get("content") or delta.get("reasoning_content") or ""
         else:
