@@ -121,18 +121,7 @@ async def test_kv_garbage_is_sent_between_real_batches(fleet, session):
     assert odd, "frame-level junk arrives too"
 
 
-# shapes 6 and 7 (a list as event tag, block_size=inf) raise TypeError / OverflowError
-# until finding 8 is fixed in engine/kv_events.py (another helper's file): drop the mark then
-_FINDING_8 = pytest.mark.xfail(
-    raises=(TypeError, OverflowError),
-    strict=False,
-    reason="issue 9 finding 8: decoder lets non-ValueErrors out",
-)
-
-
-@pytest.mark.parametrize(
-    "i", [pytest.param(i, marks=_FINDING_8) if i in (6, 7) else i for i in range(10)]
-)
+@pytest.mark.parametrize("i", range(10))
 def test_every_garbage_shape_is_refused_by_the_decoder_as_bad_input(i):
     """A KV batch that is not one must be a ValueError, never another exception that
     would stop a subscriber (issue 9, finding 8)."""

@@ -122,6 +122,8 @@ class ChaosConfig:
     backends: int = 3
     users: int = 6
     kinds: tuple[str, ...] = FAULT_KINDS
+    mean_gap_s: float = 2.0  # mean time between fault starts (exponential)
+    fault_s: tuple[float, float] = (2.0, 6.0)  # a fault lasts uniformly this long
     recovery_s: float = 30.0  # after the schedule: time for circuits and views to recover
     settle_s: float = 15.0  # after the load: time for in-flight load to reach 0
     profile: str = "tiny"
@@ -203,7 +205,10 @@ async def run_chaos(config: ChaosConfig, notify: Notify | None = None) -> ChaosR
     say = notify or (lambda _: None)
     out = config.out or Path(tempfile.mkdtemp(prefix="kvroute-chaos-"))
     out.mkdir(parents=True, exist_ok=True)
-    schedule = make_schedule(config.seed, config.backends, config.duration_s, kinds=config.kinds)
+    schedule = make_schedule(
+        config.seed, config.backends, config.duration_s, kinds=config.kinds,
+        mean_gap_s=config.mean_gap_s, fault_s=config.fault_s,
+    )  # fmt: skip
     result = ChaosResult(config, schedule, out=out)
     sims = h.sim_fleet(config.backends, out / "logs", profile=config.profile)
     wall0 = time.monotonic()
