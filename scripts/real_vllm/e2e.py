@@ -7,14 +7,19 @@ empties every engine's prefix cache, runs a shared-prefix chat workload with
 tokens, summed over the fleet). A subscriber per engine keeps the set of blocks the KV
 events say the engine holds; after each run it is compared with the router's view
 (``/admin/backends`` ``kvroute_backend_index_blocks``): in exact mode they must match.
+Each mode runs with streaming clients and with non-streaming ones (the openai SDK's
+default), ``--repeat`` times in a row; the ceiling is the hit rate an infinite cache would
+give the same requests, from vLLM's own tokenizer (``/tokenize``). The default workload
+is the one of issue 10: 6 system prompts of about 1.2k tokens, 72 chat requests, 4
+users, block size 32 and each engine's KV holding about half of the prompts.
 Last, a ``cache_salt`` check in exact mode: one system prompt salted, unsalted, salted
 again; only the third may hit in vLLM, and the router must predict exactly that.
 
 Run with the main venv (it has kvroute); the engines run from .venv-vllm:
 
     scripts/real_vllm/setup.sh
-    .venv/bin/python scripts/real_vllm/e2e.py                # 2 engines, 80 requests
-    .venv/bin/python scripts/real_vllm/e2e.py --requests 40 --json out.json
+    .venv/bin/python scripts/real_vllm/e2e.py                      # 2 engines, 72 requests
+    .venv/bin/python scripts/real_vllm/e2e.py --repeat 5 --json out.json
 
 Every process it starts is stopped on exit (also on Ctrl-C).
 """
@@ -30,6 +35,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,6 +55,7 @@ from fleet import (
     spawn,
     start_vllm,
     stop,
+    tokenize,
     wait_healthy,
 )
 
@@ -78,6 +85,8 @@ class ModeResult:
 
     mode: str  # exact | approx | round_robin
     status: str  # "ok", or why it did not run ("TODO: ...", "error: ...")
+    stream: bool = True  # streaming clients (else non-streaming)
+    run: int = 1  # which repetition (--repeat)
     requests: int = 0  # completed
     failures: int = 0  # failed
     hit_rate: float | None = None  # fleet Δhits / Δqueries from the engines' counters
@@ -99,18 +108,54 @@ class Workload:
     concurrency: int  # closed-loop users
     seed: int  # workload seed (same prompts in every mode)
 
-    def bench_args(self) -> list[str]:
+    def params(self) -> dict[str, str]:
+        return {
+            "num_prefixes": str(self.num_prompts),
+            "prefix_tokens": str(self.prefix_tokens),
+            "suffix_tokens": str(self.suffix_tokens),
+            "output_tokens": str(self.output_tokens),
+            "zipf_s": "0.01",  # near-uniform popularity
+        }
+
+    def bench_args(self, stream: bool = True) -> list[str]:
         args = ["--workload", "zipf-hot", "--seed", str(self.seed)]
-        for key, value in (
-            ("num_prefixes", self.num_prompts),
-            ("prefix_tokens", self.prefix_tokens),
-            ("suffix_tokens", self.suffix_tokens),
-            ("output_tokens", self.output_tokens),
-            ("zipf_s", 0.01),
-        ):
+        for key, value in self.params().items():
             args += ["--workload-arg", f"{key}={value}"]
         args += ["--concurrency", str(self.concurrency), "--num-requests", str(self.requests)]
+        args += [] if stream else ["--no-stream"]
         return [*args, "--ignore-eos", "--no-plots", "--quiet", "--timeout", "120"]
+
+    def messages(self) -> Iterator[list[dict[str, str]]]:
+        """The chat messages of the measured requests, in the order they are sent."""
+        from kvroute.bench.workloads import make_workload
+
+        made = make_workload("zipf-hot", seed=self.seed, overrides=self.params())
+        n = 0
+        for session in made.sessions():
+            for spec in session:
+                if n == self.requests:
+                    return
+                assert spec.messages is not None, "zipf-hot sends chat requests"
+                yield [{"role": r, "content": c} for r, c in spec.messages]
+                n += 1
+
+
+def ceiling_hit_rate(token_lists: list[list[int]], block_size: int) -> float:
+    """The engine hit rate with an infinite cache: each request hits every full block of
+    its prefix that an earlier request computed (vLLM recomputes at least the last
+    token, so a prompt never hits whole)."""
+    seen: set[tuple[int, ...]] = set()
+    hits = queries = 0
+    for ids in token_lists:
+        usable = (len(ids) - 1) // block_size  # blocks that may be hits
+        matched = 0
+        while matched < usable and tuple(ids[: (matched + 1) * block_size]) in seen:
+            matched += 1
+        hits += matched * block_size
+        queries += len(ids)
+        for k in range(1, len(ids) // block_size + 1):
+            seen.add(tuple(ids[: k * block_size]))
+    return hits / queries if queries else 0.0
 
 
 def kvroute_bin() -> Path:
@@ -232,10 +277,12 @@ def cold_start(engines: list[Proc], trackers: list[EventTracker]) -> None:
     raise RuntimeError("KV events still show blocks after /reset_prefix_cache")
 
 
-def run_bench(router: Proc, engines: list[Proc], wl: Workload, mode: str, out: Path) -> dict:
+def run_bench(
+    router: Proc, engines: list[Proc], wl: Workload, mode: str, out: Path, stream: bool
+) -> dict:
     argv = [str(kvroute_bin()), "bench", "--target", router.url, "--router", mode]
-    argv += ["--out", str(out)]
-    argv += ["--model", "tiny", *wl.bench_args(), "--backend-metrics", *(e.url for e in engines)]
+    argv += ["--out", str(out), "--model", "tiny", *wl.bench_args(stream)]
+    argv += ["--backend-metrics", *(e.url for e in engines)]
     log = out.with_suffix(".log")
     with open(log, "wb") as f:
         done = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, check=False, cwd=REPO)
@@ -250,6 +297,9 @@ def run_mode(
     trackers: list[EventTracker],
     wl: Workload,
     setup: RouterSetup,
+    *,
+    stream: bool = True,
+    run: int = 1,
 ) -> ModeResult:
     """One fresh router, cold engines, one workload run; the engines keep running."""
     cold_start(engines, trackers)
@@ -259,7 +309,8 @@ def run_mode(
     try:
         wait_router_ready(router, len(engines))
         t0 = time.monotonic()
-        result = run_bench(router, engines, wl, mode, setup.run_dir / f"bench-{mode}")
+        name = f"bench-{mode}-{'stream' if stream else 'whole'}-{run}"
+        result = run_bench(router, engines, wl, mode, setup.run_dir / name, stream)
         duration = time.monotonic() - t0
         # Let the last events reach the router and the trackers, and (exact mode) the
         # router's speculative credits (speculative_ttl_s, 3 s by default) expire.
@@ -268,7 +319,14 @@ def run_mode(
     finally:
         stop(router)
     after = [engine_counters(e.url) for e in engines]
-    res = ModeResult(mode, "ok", int(result.get("completed", 0)), int(result.get("failed", 0)))
+    res = ModeResult(
+        mode,
+        "ok",
+        stream,
+        run,
+        int(result.get("completed", 0)),
+        int(result.get("failed", 0)),
+    )
     res.bench_hit_rate = result.get("engine_prefix_hit_rate")
     res.duration_s = round(duration, 1)
     for e, t, b, a, eb in zip(engines, trackers, before, after, events_before, strict=True):
@@ -351,21 +409,28 @@ def ensure_model(venv: Path, model_dir: Path) -> None:
     subprocess.run([str(venv / "bin" / "python"), str(script), "--out", str(model_dir)], check=True)
 
 
+STREAM_KINDS = {"both": (True, False), "stream": (True,), "no-stream": (False,)}
+
+
 def run_all(
     args: argparse.Namespace, wl: Workload, run_dir: Path
-) -> tuple[list[ModeResult], dict | None]:
-    """Start the engines once, run every mode (and the salt check), stop everything."""
+) -> tuple[list[ModeResult], dict | None, float | None]:
+    """Start the engines once; run every repetition, client kind and mode (and the salt
+    check); stop everything. Also returns the workload's ceiling hit rate."""
     opts = VllmOptions(
         venv=args.venv,
         model_dir=args.model_dir,
         num_gpu_blocks=args.num_gpu_blocks or None,
         kv_transport=args.kv_transport,
+        block_size=args.block_size,
+        max_model_len=args.max_model_len,
     )
     ensure_model(args.venv, args.model_dir)
     engines: list[Proc] = []
     trackers: list[EventTracker] = []
     results: list[ModeResult] = []
     salt: dict | None = None
+    ceiling: float | None = None
     try:
         engines = [start_vllm(i, opts, run_dir) for i in range(args.servers)]
         trackers = [EventTracker(e.kv_endpoint or "") for e in engines]
@@ -379,17 +444,26 @@ def run_all(
             f"block_size={info.get('block_size')} num_gpu_blocks={info.get('num_gpu_blocks')}",
             flush=True,
         )
+        ids = [tokenize(engines[0].url, "tiny", m) for m in wl.messages()]
+        ceiling = ceiling_hit_rate(ids, int(info.get("block_size") or args.block_size))
+        mean_len = sum(map(len, ids)) / max(1, len(ids))
+        print(f"ceiling (infinite cache) {ceiling:.3f}; mean prompt {mean_len:.0f} tokens")
         setup = RouterSetup(args.model_dir, router_env(args.venv, run_dir), run_dir)
         exact_missing = exact_mode_missing(setup.env)
-        for mode in args.modes:
-            if mode == "exact" and exact_missing:
-                results.append(ModeResult(mode, exact_missing))
-                continue
-            print(f"mode {mode} ...", flush=True)
-            try:
-                results.append(run_mode(mode, engines, trackers, wl, setup))
-            except RuntimeError as exc:
-                results.append(ModeResult(mode, f"error: {exc}"))
+        for run in range(1, args.repeat + 1):
+            for stream in STREAM_KINDS[args.clients]:
+                for mode in args.modes:
+                    kind = "streaming" if stream else "non-streaming"
+                    if mode == "exact" and exact_missing:
+                        results.append(ModeResult(mode, exact_missing, stream, run))
+                        continue
+                    print(f"run {run}: {mode}, {kind} clients ...", flush=True)
+                    try:
+                        results.append(
+                            run_mode(mode, engines, trackers, wl, setup, stream=stream, run=run)
+                        )
+                    except RuntimeError as exc:
+                        results.append(ModeResult(mode, f"error: {exc}", stream, run))
         if "exact" in args.modes and not exact_missing and not args.skip_salt_check:
             print("cache_salt check (exact mode) ...", flush=True)
             try:
@@ -401,7 +475,7 @@ def run_all(
             t.stop()
         for e in engines:
             stop(e)
-    return results, salt
+    return results, salt, ceiling
 
 
 def _pct(x: float | None) -> str:
@@ -411,25 +485,61 @@ def _pct(x: float | None) -> str:
 def format_table(results: list[ModeResult]) -> str:
     """One line per mode, then one per engine: truth (events) vs the router's view."""
     out = [
-        f"{'mode':<12} {'hit rate':>9} {'(bench)':>9} {'requests':>8} {'failed':>6} "
-        f"{'time s':>7}  view==events  status"
+        f"{'run':>3} {'clients':<9} {'mode':<12} {'hit rate':>9} {'(bench)':>9} "
+        f"{'requests':>8} {'failed':>6} {'time s':>7}  view==events  status"
     ]
     for r in results:
         view = "-" if r.view_matches_events is None else str(r.view_matches_events).lower()
+        kind = "stream" if r.stream else "whole"
         out.append(
-            f"{r.mode:<12} {_pct(r.hit_rate):>9} {_pct(r.bench_hit_rate):>9} {r.requests:>8} "
-            f"{r.failures:>6} {r.duration_s or 0:>7.1f}  {view:<12}  {r.status}"
+            f"{r.run:>3} {kind:<9} {r.mode:<12} {_pct(r.hit_rate):>9} "
+            f"{_pct(r.bench_hit_rate):>9} {r.requests:>8} {r.failures:>6} "
+            f"{r.duration_s or 0:>7.1f}  {view:<12}  {r.status}"
         )
     out.append("")
-    out.append(f"{'mode':<12} {'engine':<24} {'hit/query tokens':>18} {'events':>7} {'router':>7}")
+    out.append(
+        f"{'run':>3} {'clients':<9} {'mode':<12} {'engine':<24} {'hit/query tokens':>18} "
+        f"{'events':>7} {'router':>7}"
+    )
     for r in results:
+        kind = "stream" if r.stream else "whole"
         for e in r.engines:
             ratio = f"{e.hit_tokens}/{e.query_tokens}"
             out.append(
-                f"{r.mode:<12} {e.url:<24} {ratio:>18} {e.event_blocks:>7} "
-                f"{'-' if e.router_blocks is None else e.router_blocks:>7}"
+                f"{r.run:>3} {kind:<9} {r.mode:<12} {e.url:<24} {ratio:>18} "
+                f"{e.event_blocks:>7} {'-' if e.router_blocks is None else e.router_blocks:>7}"
             )
     return "\n".join(out)
+
+
+def verdict(results: list[ModeResult], ceiling: float | None) -> tuple[str, bool]:
+    """Issue 10's bar, per run and client kind: kvroute (exact and approximate) at or
+    above 0.85 x the ceiling and at least 0.10 above round-robin."""
+    lines = [f"{'run':>3} {'clients':<9} {'round_robin':>11} {'approx':>8} {'exact':>8} "
+             f"{'ceiling':>8}  verdict"]  # fmt: skip
+    ok = True
+    keys = sorted({(r.run, r.stream) for r in results}, key=lambda k: (k[0], not k[1]))
+    for run, stream in keys:
+        rate = {r.mode: r.hit_rate for r in results if (r.run, r.stream) == (run, stream)}
+        rr = rate.get("round_robin")
+        checks = []
+        for mode in ("approx", "exact"):
+            hr = rate.get(mode)
+            if hr is None or rr is None or ceiling is None:
+                continue
+            checks.append(hr >= 0.85 * ceiling and hr >= rr + 0.10)
+        good = bool(checks) and all(checks)
+        ok = ok and good
+        lines.append(
+            f"{run:>3} {'stream' if stream else 'whole':<9} {_rate(rr):>11} "
+            f"{_rate(rate.get('approx')):>8} {_rate(rate.get('exact')):>8} "
+            f"{_rate(ceiling):>8}  {'ok' if good else 'BELOW'}"
+        )
+    return "\n".join(lines), ok
+
+
+def _rate(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -438,19 +548,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--venv", type=Path, default=REPO / ".venv-vllm")
     ap.add_argument("--model-dir", type=Path, default=REPO / ".venv-vllm" / "models" / "tiny")
     ap.add_argument("--modes", type=lambda s: s.split(","), default=list(MODES))
-    ap.add_argument("--num-prompts", type=int, default=4, help="shared system prompts")
-    ap.add_argument("--prefix-tokens", type=int, default=1500)
+    ap.add_argument("--num-prompts", type=int, default=6, help="shared system prompts")
+    ap.add_argument("--prefix-tokens", type=int, default=1200)
     ap.add_argument("--suffix-tokens", type=int, default=64)
     ap.add_argument("--output-tokens", type=int, default=16)
-    ap.add_argument("--requests", type=int, default=80, help="per mode")
+    ap.add_argument("--requests", type=int, default=72, help="per mode")
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
         "--num-gpu-blocks",
         type=int,
-        default=40,
-        help="KV blocks per engine (--num-gpu-blocks-override); 0 = sized from 1 GB",
+        default=128,
+        help="KV blocks per engine (--num-gpu-blocks-override; 128 x 32 tokens: about "
+        "half of the default prompts); 0 = sized from 1 GB",
     )
+    ap.add_argument("--block-size", type=int, default=32, help="a multiple of 32 on CPU")
+    ap.add_argument("--max-model-len", type=int, default=2048)
+    ap.add_argument(
+        "--clients",
+        choices=tuple(STREAM_KINDS),
+        default="both",
+        help="streaming clients, non-streaming ones (the openai SDK's default), or both",
+    )
+    ap.add_argument("--repeat", type=int, default=1, help="runs in a row (same engines)")
     ap.add_argument("--kv-transport", choices=("ipc", "tcp"), default="ipc")
     ap.add_argument("--startup-timeout", type=float, default=400.0, help="seconds")
     ap.add_argument("--json", type=Path, help="write the results here")
@@ -478,8 +598,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     run_dir = Path(tempfile.mkdtemp(prefix="kvroute-vllm-"))
     print(f"logs in {run_dir}", flush=True)
-    results, salt = run_all(args, wl, run_dir)
+    results, salt, ceiling = run_all(args, wl, run_dir)
     print(format_table(results))
+    summary, bar_met = verdict(results, ceiling)
+    print("\n" + summary)
     if salt is not None:
         steps = "; ".join(
             f"{st['salt'] or 'no salt'}: {st['decision']}, {st['hit_tokens']} hit tokens"
@@ -487,7 +609,13 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"\ncache_salt check: {'ok' if salt['ok'] else 'FAILED'} ({steps or salt})")
     if args.json:
-        doc = {"workload": asdict(wl), "results": [asdict(r) for r in results], "salt": salt}
+        doc = {
+            "workload": asdict(wl),
+            "ceiling": ceiling,
+            "bar_met": bar_met,
+            "results": [asdict(r) for r in results],
+            "salt": salt,
+        }
         args.json.write_text(json.dumps(doc, indent=1))
     ok = all(r.status == "ok" or r.status.startswith("TODO") for r in results)
     ok = ok and (salt is None or salt["ok"])

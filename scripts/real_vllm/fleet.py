@@ -39,6 +39,7 @@ class VllmOptions:
     model_dir: Path  # made by make_model.py
     served_name: str = "tiny"  # --served-model-name
     max_model_len: int = 4096  # --max-model-len
+    block_size: int = 32  # --block-size: tokens per KV block (a multiple of 32 on CPU)
     kv_cache_gb: int = 1  # VLLM_CPU_KVCACHE_SPACE
     num_gpu_blocks: int | None = None  # --num-gpu-blocks-override (None: sized from GB)
     kv_topic: str = "kv-events"  # ZMQ topic of the KV events
@@ -103,7 +104,8 @@ def stop(proc: Proc, grace_s: float = 20.0) -> None:
 
 
 def start_vllm(index: int, opts: VllmOptions, log_dir: Path) -> Proc:
-    """One vLLM OpenAI server with prefix caching and ZMQ KV events, on free ports."""
+    """One vLLM OpenAI server (``vllm serve``) with prefix caching and ZMQ KV events, on
+    free ports."""
     port = free_port()
     bind, connect = kv_endpoints(index, opts.kv_transport, log_dir)
     replay_bind, replay_connect = kv_endpoints(index, opts.kv_transport, log_dir, "replay")
@@ -116,9 +118,10 @@ def start_vllm(index: int, opts: VllmOptions, log_dir: Path) -> Proc:
     }
     argv = [
         str(opts.venv / "bin" / "python"),
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        *("--model", str(opts.model_dir), "--load-format", "dummy"),
+        str(REPO / "scripts" / "real_vllm" / "vllm_serve.py"),  # `vllm serve` for vllm-cpu
+        "serve",
+        str(opts.model_dir),
+        *("--load-format", "dummy", "--block-size", str(opts.block_size)),
         *("--served-model-name", opts.served_name, "--enable-prefix-caching"),
         *("--max-model-len", str(opts.max_model_len), "--dtype", "bfloat16"),
         *("--host", "127.0.0.1", "--port", str(port)),
@@ -215,3 +218,9 @@ def cache_info(url: str) -> dict[str, str]:
 def reset_prefix_cache(url: str) -> None:
     """Empty one engine's prefix cache (needs VLLM_SERVER_DEV_MODE=1 and no running requests)."""
     http("POST", f"{url}/reset_prefix_cache", timeout_s=30.0)
+
+
+def tokenize(url: str, model: str, messages: list[dict[str, str]]) -> list[int]:
+    """The prompt token ids vLLM computes for a chat request (its own chat template)."""
+    body = {"model": model, "messages": messages, "add_generation_prompt": True}
+    return list(http("POST", f"{url}/tokenize", body, timeout_s=30.0)["tokens"])

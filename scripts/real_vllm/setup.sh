@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create .venv-vllm (gitignored) with vLLM's CPU build, as docs/real-vllm.md describes.
+# Create .venv-vllm (gitignored) with vLLM's CPU build, as docs/real-vllm.md (in this
+# repository) describes; engines then start with `vllm serve` through vllm_serve.py.
 # About 3.5 GB and 5 minutes. Safe to re-run: it skips the install when vllm imports.
 set -euo pipefail
 cd "$(dirname "$0")/../.."

@@ -10,7 +10,14 @@ import pytest
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts" / "real_vllm"
 sys.path.insert(0, str(SCRIPTS))
 
-from e2e import EngineRow, ModeResult, Workload, format_table  # noqa: E402
+from e2e import (  # noqa: E402
+    EngineRow,
+    ModeResult,
+    Workload,
+    ceiling_hit_rate,
+    format_table,
+    verdict,
+)
 from events import EventTally, apply_event  # noqa: E402
 from fleet import kv_endpoints  # noqa: E402
 from make_model import CHAT_TEMPLATE, llama_config, tokenizer_config  # noqa: E402
@@ -79,17 +86,48 @@ def test_model_config_is_a_small_gqa_llama() -> None:
 
 
 def test_workload_args_pin_the_bench_run() -> None:
-    args = Workload(4, 1500, 64, 16, 80, 4, 0).bench_args()
+    wl = Workload(4, 1500, 64, 16, 80, 4, 0)
+    args = wl.bench_args()
     assert args[:2] == ["--workload", "zipf-hot"]
     assert "num_prefixes=4" in args and "prefix_tokens=1500" in args
     assert args[args.index("--num-requests") + 1] == "80"
-    assert "--ignore-eos" in args
+    assert "--ignore-eos" in args and "--no-stream" not in args
+    assert "--no-stream" in wl.bench_args(stream=False)
+
+
+def test_the_ceiling_counts_only_blocks_an_earlier_prompt_computed() -> None:
+    a = list(range(100))  # 3 full blocks of 32, 4 tokens more
+    b = [*a[:64], *range(500, 540)]  # shares 2 blocks with a
+    # a misses all; a again hits 3 blocks; b hits 2 (its 3rd block differs)
+    assert ceiling_hit_rate([a, a, b], 32) == pytest.approx((96 + 64) / (100 + 100 + 104))
+    # a prompt of exactly 2 blocks repeated: vLLM recomputes the last token, so 1 block
+    c = list(range(1000, 1064))
+    assert ceiling_hit_rate([c, c], 32) == pytest.approx(32 / 128)
+
+
+def test_the_workload_sends_the_issue_s_requests() -> None:
+    msgs = list(Workload(6, 50, 8, 4, 20, 4, 0).messages())
+    assert len(msgs) == 20
+    systems = {m[0]["content"] for m in msgs}
+    assert 2 <= len(systems) <= 6 and all(m[-1]["role"] == "user" for m in msgs)
 
 
 def test_table_shows_each_mode_and_engine() -> None:
     row = EngineRow("http://127.0.0.1:1", 900, 1000, 12, 12, 0.9, 20, 8)
-    ok = ModeResult("approx", "ok", 80, 0, 0.9, 0.9, 12.5, True, [row])
+    ok = ModeResult("approx", "ok", False, 2, 80, 0, 0.9, 0.9, 12.5, True, [row])
     todo = ModeResult("exact", "TODO: no --mode")
     table = format_table([ok, todo])
     assert "90.0 %" in table and "TODO: no --mode" in table
-    assert "900/1000" in table
+    assert "900/1000" in table and "whole" in table
+
+
+def test_the_verdict_applies_issue_10_s_bar_per_run_and_client_kind() -> None:
+    def res(mode: str, hr: float, stream: bool = True) -> ModeResult:
+        return ModeResult(mode, "ok", stream, 1, 72, 0, hr)
+
+    good = [res("round_robin", 0.47), res("approx", 0.80), res("exact", 0.84)]
+    text, ok = verdict(good, 0.88)
+    assert ok and "ok" in text
+    low = [*good, res("round_robin", 0.47, False), res("approx", 0.74, False)]
+    text, ok = verdict(low, 0.88)  # 0.74 < 0.85 x 0.88
+    assert not ok and "BELOW" in text
