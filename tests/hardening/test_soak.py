@@ -49,19 +49,25 @@ def test_too_few_samples_after_warm_up_is_not_a_pass():
     assert not verdict["rss_mib"]["flat"]
 
 
+DEAD = '{"error":{"message":"http://h:1/v1/completions closed the connection before answering"}}'
+
+
 @pytest.mark.parametrize(
-    ("kind", "failure", "t0", "t1", "expected"),
+    ("kind", "failure", "t0", "t1", "expected", "detail"),
     [
-        ("chat", None, 1.0, 2.0, "ok"),
-        ("bad_json", None, 1.0, 2.0, "expected_4xx"),
-        ("disconnect", None, 1.0, 2.0, "disconnected"),
-        ("chat_stream", "stream_error", 9.0, 10.5, "cut_by_restart"),  # in flight at the kill
-        ("chat", "http_502", 10.1, 10.2, "failed"),  # sent after the kill: must be retried
-        ("bad_json", "http_500", 1.0, 2.0, "failed"),
+        ("chat", None, 1.0, 2.0, "ok", ""),
+        ("bad_json", None, 1.0, 2.0, "expected_4xx", ""),
+        ("disconnect", None, 1.0, 2.0, "disconnected", ""),
+        ("chat_stream", "stream_error", 9.0, 10.5, "cut_by_restart", ""),  # in flight at the kill
+        ("chat", "http_502", 10.1, 10.2, "failed", ""),  # sent after the kill: must be retried
+        ("chat", "http_502", 10.1, 10.2, "cut_by_restart", DEAD),  # on a dead pooled connection
+        ("chat", "http_502", 12.0, 12.1, "failed", DEAD),  # long after: the router must know
+        ("bad_json", "http_500", 1.0, 2.0, "failed", ""),
     ],
 )
-def test_outcome_classes(kind, failure, t0, t1, expected):
-    assert classify(Shot(kind, t0, t1, None, failure, None), kill_times=[10.0]) == expected
+def test_outcome_classes(kind, failure, t0, t1, expected, detail):
+    shot = Shot(kind, t0, t1, None, failure, None, detail)
+    assert classify(shot, kill_times=[10.0]) == expected
 
 
 @pytest.mark.soak

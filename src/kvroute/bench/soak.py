@@ -19,7 +19,10 @@ Verdict (all must hold):
 - **nothing lost**: every request's outcome is ``ok``, ``expected_4xx`` (a malformed
   request refused with an OpenAI error), ``disconnected`` (the client cut it on
   purpose) or ``cut_by_restart`` (it failed while a backend it may have used was being
-  killed: the kill instant lies within the request); anything else is ``failed``.
+  killed: the kill instant lies within the request; or it was sent within
+  ``STALE_AFTER_KILL_S`` of a kill and got a 502 saying the backend's connection closed
+  or reset before any answer: a pooled connection to the dead process, which the router
+  must not re-send on, issue 9 finding 2); anything else is ``failed``.
 - the router process is still alive at the end.
 """
 
@@ -28,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import statistics
 import tempfile
 import time
@@ -43,6 +47,8 @@ from kvroute.bench import hardening as h
 SERIES = ("rss_mib", "fds", "index_blocks", "tasks", "in_flight_requests", "in_flight_tokens")
 FLAT_SERIES = ("rss_mib", "fds", "index_blocks", "tasks")
 SLACK = {"rss_mib": 4.0, "fds": 4.0, "index_blocks": 64.0, "tasks": 8.0}
+STALE_AFTER_KILL_S = 1.0
+_DEAD_CONNECTION = re.compile(r"closed the connection|connection failed|reset by peer")
 # router-wide gauges read when the router exports them (None in the samples otherwise)
 TASKS_GAUGE = "kvroute_event_loop_tasks"
 ROUTER_IN_FLIGHT_GAUGE = "kvroute_in_flight_requests"
@@ -184,6 +190,9 @@ def classify(shot: h.Shot, kill_times: Sequence[float]) -> str:
             return "expected_4xx"
         return "disconnected" if shot.kind == "disconnect" else "ok"
     if any(shot.t0_s <= k <= shot.t1_s for k in kill_times):
+        return "cut_by_restart"
+    stale = shot.failure == "http_502" and _DEAD_CONNECTION.search(shot.detail)
+    if stale and any(0 <= shot.t0_s - k <= STALE_AFTER_KILL_S for k in kill_times):
         return "cut_by_restart"
     return "failed"
 
