@@ -43,19 +43,35 @@ from kvroute.core.load import clamp_count
 
 @dataclass(frozen=True, slots=True)
 class CostConfig:
-    """Knobs of the TTFT estimate and of the online prefill-rate learner."""
+    """Knobs of the TTFT estimate, of the online prefill-rate learner and of the margin a
+    diversion away from a prefix's holder must beat (``divert_margin_s``)."""
 
     prior_prefill_tokens_per_s: float = 10_000.0  # rate before any observation
     min_prefill_tokens_per_s: float = 200.0  # learned rate is clamped to [min, max]
     max_prefill_tokens_per_s: float = 2_000_000.0
     rate_ewma_alpha: float = 0.2  # weight of one sample in the log-space EWMA, (0, 1]
-    max_sample_ratio: float = 4.0  # one sample moves the rate by at most this factor
+    max_sample_ratio: float = 4.0  # a sample counts as at most this factor off the estimate
+    # Most a settled rate moves on one sample, in log units (0.005: 0.5 %); the k-th of a
+    # run of samples beyond the noise band on the same side may move it k times that.
+    rate_step: float = 0.005
+    rate_noise_band: float = 1.25  # samples within this factor of the estimate are noise
+    rate_warmup_samples: int = 5  # the fleet's first samples replace the prior (their mean)
     min_sample_tokens: int = 128  # samples with less work are dominated by overhead: skipped
     attention_tokens_per_pair: float = 2.5e-5  # linear-token equivalent of one attention pair
     overhead_s: float = 0.015  # per-request constant (HTTP, tokenization, scheduling)
     min_prefill_s: float = 0.005  # floor of a prefill: one forward pass, even on a full hit
     kv_full_wait_s: float = 1.0  # admission wait when a whole cache's worth of KV is missing
     evicted_reuse_fraction: float = 0.2  # share of evicted cached tokens recomputed later
+    # A request leaves the holder of its prefix only when the other backend's estimate plus
+    # ``divert_recompute_share`` x the recompute the move causes there is lower than the
+    # holder's by max(divert_margin_s, divert_margin_fraction x holder's estimate)
+    # (``diversion_margin_s``), if the holder's hit is at least ``divert_min_cached_share``
+    # of the prompt (else the request is mostly new: placed on cost alone, like a cold
+    # one). core/policy/prefix.py says why these defaults.
+    divert_margin_s: float = 0.05
+    divert_margin_fraction: float = 0.2
+    divert_recompute_share: float = 1.0
+    divert_min_cached_share: float = 0.5
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -70,6 +86,16 @@ class CostConfig:
             raise ValueError("cost.rate_ewma_alpha: must be in (0, 1]")
         if self.max_sample_ratio < 1:
             raise ValueError("cost.max_sample_ratio: must be >= 1")
+        if not 0 < self.rate_step <= 1:
+            raise ValueError("cost.rate_step: must be in (0, 1]")
+        if self.rate_noise_band < 1:
+            raise ValueError("cost.rate_noise_band: must be >= 1")
+        if not self.divert_margin_fraction <= 1:
+            raise ValueError("cost.divert_margin_fraction: must be in [0, 1]")
+        if not self.divert_min_cached_share <= 1:
+            raise ValueError("cost.divert_min_cached_share: must be in [0, 1]")
+        if not self.divert_recompute_share <= 2:
+            raise ValueError("cost.divert_recompute_share: must be in [0, 2]")
 
 
 def work_tokens(uncached_tokens: int, cached_tokens: int, config: CostConfig) -> float:
@@ -119,23 +145,71 @@ def estimate_ttft_s(
     return config.overhead_s + queue_wait_s + prefill_s + wait_s + eviction_s
 
 
+def diversion_margin_s(holder_ttft_s: float, config: CostConfig) -> float:
+    """How much lower than the holder's estimate a diversion's charged estimate must be.
+
+    The absolute part covers a few tens of ms of jitter in any estimate; the relative part
+    the error of the learned rate, which scales every term that divides by it.
+    """
+    return max(config.divert_margin_s, config.divert_margin_fraction * holder_ttft_s)
+
+
 class PrefillRate:
-    """A backend's prefill rate (tokens/s), learned online from observed TTFTs.
+    """A prefill rate (tokens/s), learned online from observed TTFTs, robust to outliers.
 
     Each first token gives one sample: (work queued ahead at dispatch + this request's
-    work) / (TTFT - overhead). The estimate is an EWMA in log space (a ratio error counts
-    the same up or down), each sample clipped to ``max_sample_ratio`` of the current value
-    and the result to [min, max], so a stalled or instant response cannot swing it far.
-    Since the queue ahead is counted the way ``estimate_ttft_s`` counts it, the learned
-    rate is the one that makes the estimate right on average.
+    work) / (TTFT - overhead). Since the queue ahead is counted the way ``estimate_ttft_s``
+    counts it, the learned rate is the one that makes the estimate right on average.
+
+    Two kinds share this class. The fleet's rate (no ``reference``) starts at the
+    configured prior; its first ``rate_warmup_samples`` samples replace the prior (their
+    running mean in log space, each clipped to ``max_sample_ratio`` of the mean so far),
+    since a guess from a config file is worth less than a measurement. A backend's rate
+    (``reference`` = the fleet's, ``scale`` = its weight) is the fleet's rate x weight x a
+    learned offset that starts at 1: a backend departs from its peers only as far as its
+    own samples insist, so a few slow first tokens (a warm-up, a pause) cannot make it
+    look slow, while a level change that every backend sees (longer prompts, a busier
+    fleet) moves all of them at once.
+
+    Once settled, a sample moves the estimate by its log-space EWMA step
+    (``rate_ewma_alpha`` x the log ratio, the ratio clipped to ``max_sample_ratio``), but
+    by at most ``rate_step`` (0.5 %); a run of k samples beyond ``rate_noise_band`` on the
+    same side may move it by k x ``rate_step`` on its k-th. So a burst of 5 outliers (a
+    GC pause, a preemption: several in-flight requests at once) moves a settled rate by at
+    most (1 + ... + 5) x 0.5 % = 7.5 % (a little more when a run was already under way),
+    one outlier by 0.5 %, while a sustained 2x change is followed within ~30 samples and a
+    4x one within ~45, accelerating as long as the samples keep disagreeing.
     """
 
-    __slots__ = ("config", "num_samples", "tokens_per_s")
+    __slots__ = ("_log_offset", "_reference", "_run", "_scale", "config", "num_samples")
 
-    def __init__(self, config: CostConfig) -> None:
+    def __init__(
+        self, config: CostConfig, reference: PrefillRate | None = None, scale: float = 1.0
+    ) -> None:
         self.config = config
-        self.tokens_per_s = config.prior_prefill_tokens_per_s
+        self._reference = reference
+        self._scale = scale
+        # log of the rate itself (fleet), or of the offset from reference x scale (backend)
+        self._log_offset = (
+            0.0
+            if reference is not None
+            else math.log(self._clamp(config.prior_prefill_tokens_per_s))
+        )
+        self._run = 0  # signed length of the current run of samples beyond the noise band
         self.num_samples = 0
+
+    def _clamp(self, tokens_per_s: float) -> float:
+        cfg = self.config
+        return min(max(tokens_per_s, cfg.min_prefill_tokens_per_s), cfg.max_prefill_tokens_per_s)
+
+    def _log_base(self) -> float:
+        ref = self._reference
+        return 0.0 if ref is None else math.log(ref.tokens_per_s * self._scale)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """The estimate, within [min, max]."""
+        return self._clamp(math.exp(self._log_base() + self._log_offset))
 
     def observe(self, work: float, ttft_s: float) -> None:
         """Learn from one request: ``work`` tokens (ahead + own) took ``ttft_s``."""
@@ -143,12 +217,31 @@ class PrefillRate:
         service_s = ttft_s - cfg.overhead_s
         if work < cfg.min_sample_tokens or service_s <= 0:
             return
-        ratio = cfg.max_sample_ratio
-        sample = min(max(work / service_s, self.tokens_per_s / ratio), self.tokens_per_s * ratio)
-        a = cfg.rate_ewma_alpha
-        log_rate = (1 - a) * math.log(self.tokens_per_s) + a * math.log(sample)
-        rate = math.exp(log_rate)
-        self.tokens_per_s = min(
-            max(rate, cfg.min_prefill_tokens_per_s), cfg.max_prefill_tokens_per_s
-        )
+        ref = self._reference
+        if ref is not None and ref.num_samples < cfg.rate_warmup_samples:
+            self.num_samples += 1  # the fleet's level is leaving its prior: no offset yet
+            return
+        log_base = self._log_base()
+        clip = math.log(cfg.max_sample_ratio)
+        current = math.log(self._clamp(math.exp(log_base + self._log_offset)))
+        residual = min(max(math.log(work / service_s) - current, -clip), clip)
+        if ref is None and self.num_samples < cfg.rate_warmup_samples:
+            step = residual / (self.num_samples + 1)
+        else:
+            step = self._bounded_step(residual)
+        # keep the offset where the clamped rate can still follow it back
+        lo = math.log(cfg.min_prefill_tokens_per_s) - log_base
+        hi = math.log(cfg.max_prefill_tokens_per_s) - log_base
+        self._log_offset = min(max(self._log_offset + step, lo), hi)
         self.num_samples += 1
+
+    def _bounded_step(self, residual: float) -> float:
+        """The EWMA step of ``residual``, within +-rate_step x the run it extends."""
+        cfg = self.config
+        sign = 1 if residual > 0 else -1
+        if self._run * sign < 0:
+            self._run = 0
+        if abs(residual) > math.log(cfg.rate_noise_band):
+            self._run += sign
+        bound = cfg.rate_step * max(1, abs(self._run))
+        return min(max(cfg.rate_ewma_alpha * residual, -bound), bound)

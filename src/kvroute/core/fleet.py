@@ -62,7 +62,6 @@ _UNLISTED = _Key("unlisted")
 Group = str | _Key  # a model name or one of the keys above
 
 
-MIN_OWN_RATE_SAMPLES = 3  # first tokens a backend needs before its own rate is used
 MAX_BLOCK_SIZE = 1 << 16  # larger scraped or announced block sizes are not believed
 
 
@@ -199,7 +198,7 @@ class _Backend:
     )
 
     def __init__(
-        self, url: str, epoch: int, models: Iterable[str], weight: float, cost: CostConfig
+        self, url: str, epoch: int, models: Iterable[str], weight: float, fleet_rate: PrefillRate
     ):
         self.url = url
         self.epoch = epoch
@@ -211,11 +210,8 @@ class _Backend:
         self.num_gpu_blocks: int | None = None
         self.kv_cache_usage: float | None = None
         self.load = BackendLoad()
-        self.rate = PrefillRate(cost)
-        self.rate.tokens_per_s = min(
-            max(cost.prior_prefill_tokens_per_s * weight, cost.min_prefill_tokens_per_s),
-            cost.max_prefill_tokens_per_s,
-        )
+        # the fleet's rate x weight x an offset learned from its own first tokens (cost.py)
+        self.rate = PrefillRate(fleet_rate.config, reference=fleet_rate, scale=weight)
         self.open_tickets: dict[int, Ticket] = {}
         self.predicted = [0, 0]  # [hit tokens, query tokens]
         # [hit tokens, query tokens, predicted hit tokens, requests, exactly predicted]
@@ -314,9 +310,9 @@ class Fleet:
         self._model_to_key_kind: dict[Group | None, str] = {}
         self._model_refs: dict[str, int] = {}  # model -> backends listing it
         self.sync = ExactSync(self.index, self.config.mode, self.config.speculative_ttl_s)
-        # Prefill rate per unit of weight over the whole fleet: the prior of a backend
-        # that has not served enough requests to have its own (else a backend that starts
-        # at a pessimistic prior looks slow, is never chosen, and never learns otherwise).
+        # Prefill rate per unit of weight over the whole fleet: each backend's rate is this
+        # x its weight x an offset its own samples learn slowly (cost.PrefillRate), so a new
+        # backend is not judged on a few first tokens, nor on a pessimistic prior.
         self.fleet_rate = PrefillRate(self.config.cost)
         self.listeners: list[FleetListener] = []  # told of request-path changes
 
@@ -331,7 +327,7 @@ class Fleet:
         if not 0 < weight < math.inf:
             raise ValueError(f"weight must be > 0 and finite, got {weight}")
         self._next_epoch += 1
-        b = _Backend(url, self._next_epoch, models, float(weight), self.config.cost)
+        b = _Backend(url, self._next_epoch, models, float(weight), self.fleet_rate)
         b.healthy = healthy
         self._backends[url] = b
         self._count_models(b.models, 1)
@@ -587,10 +583,8 @@ class Fleet:
             listener.on_first_token(ticket, now, cached_tokens)
 
     def prefill_rate_of(self, b: _Backend) -> float:
-        """``b``'s learned rate, or the fleet's (scaled by weight) until it has its own."""
-        if b.rate.num_samples >= MIN_OWN_RATE_SAMPLES or self.fleet_rate.num_samples == 0:
-            return b.rate.tokens_per_s
-        return self.fleet_rate.tokens_per_s * b.weight
+        """``b``'s rate: the fleet's x weight, departing only as far as its samples insist."""
+        return b.rate.tokens_per_s
 
     def record_cached_tokens(self, ticket: Ticket, cached_tokens: int) -> None:
         """The engine's own hit for this request (usage.prompt_tokens_details.cached_tokens).
@@ -861,6 +855,10 @@ class _View:
 
     def matched_blocks(self, url: str, block_hashes: Sequence[int]) -> int:
         return self._fleet.index.matched_blocks(url, block_hashes)
+
+    @property
+    def cost(self) -> CostConfig:
+        return self._fleet.config.cost
 
     def estimate_ttft_s(self, url: str, request: RouteRequest, cached_tokens: int) -> float:
         fleet = self._fleet
