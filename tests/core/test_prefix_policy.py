@@ -103,13 +103,20 @@ def test_candidate_set_stays_small_on_a_large_fleet():
     assert 3 <= len(decision.ranked) <= 8
 
 
-def test_full_kv_on_the_holder_pushes_long_recompute_elsewhere_only_when_worth_it():
-    fleet = make_fleet(n=2)
-    system = chain((1, 16))
+@pytest.mark.parametrize(("kv_usage", "moves"), [(1.0, True), (0.2, False)])
+def test_full_kv_on_the_holder_pushes_long_recompute_elsewhere_only_when_worth_it(kv_usage, moves):
+    # 80-block caches; the holder's KV is pinned by running requests and a 1k-token prefill
+    # is queued on it. Full: the request waits ~0.8 s for blocks there, against ~0.1 s to
+    # recompute the prefix elsewhere (charged twice, plus the margin): it moves. At 20 %
+    # usage it waits ~30 ms: not worth a duplicate of the prefix (before issue 10 it moved
+    # on any saving, here the ~0.1 s of queue ahead of it).
+    fleet = make_fleet(n=2, capacity=80)
+    system = chain((1, 64))
     d, _ = serve(fleet, req("a", system))
-    fleet.update_engine_stats(d.backend, now=1.0, kv_cache_usage=1.0)
+    fleet.update_engine_stats(d.backend, now=1.0, kv_cache_usage=kv_usage)
     decision = fleet.route(req("b", system + chain((2, 1))), 1.0)
-    assert decision.backend != d.backend  # 1 s admission wait vs ~30 ms recompute
+    assert (decision.backend != d.backend) is moves
+    assert decision.reason == ("load" if moves else "prefix")
 
 
 def _decide_in_fresh_fleet() -> list[str]:

@@ -17,6 +17,8 @@ from typing import Protocol
 
 import xxhash
 
+from kvroute.core.cost import CostConfig
+
 
 @dataclass(frozen=True, slots=True)
 class RouteRequest:
@@ -107,6 +109,9 @@ class FleetView(Protocol):
 
     @property
     def block_size(self) -> int: ...  # tokens per engine block of the request's model
+
+    @property
+    def cost(self) -> CostConfig: ...  # the cost model's knobs (the diversion margin)
 
 
 class Policy(abc.ABC):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kvroute.core.cost import diversion_margin_s
 from kvroute.core.policy.base import (
     Decision,
     FleetView,
@@ -12,9 +13,12 @@ from kvroute.core.policy.base import (
     rest_by_load,
 )
 
+Scored = tuple[float, int, str, int]  # (TTFT estimate s, -rendezvous score, url, cached tokens)
+
 
 class PrefixPolicy(Policy):
-    """Send each request where its time to first token is lowest, counting cached prefixes.
+    """Send each request where its time to first token is lowest, counting cached prefixes,
+    and leave the holder of its prefix only for a clear gain.
 
     What it does: the candidates are the holders of the request's deepest cached prefix
     (up to ``max_holders``, least loaded first, then shallower holders), the
@@ -23,24 +27,45 @@ class PrefixPolicy(Policy):
     spread over the whole fleet's cache even when many backends are equally idle, and
     every router process picks the same homes). Each is scored by the cost model:
     queued prefill ahead / its learned prefill rate + this request's uncached work / that
-    rate (+ attention, KV pressure, overhead), in seconds. The minimum wins; exact ties go
-    to the highest rendezvous hash of (first uncached block key, URL), so independent
-    router processes make the same choice. Reason: "prefix" when the winner has the
-    deepest match, "load" when a holder existed but another backend was cheaper, "cold"
-    when nobody holds any block. The prediction is the matched whole blocks within
-    prompt - 1 (``cached_tokens_for``: what the engine will report).
+    rate (+ attention, KV pressure, overhead), in seconds.
 
-    When it loses: a hot prefix first lives on one backend; as that backend's queue grows
-    the cost rule sends overflow to a least-loaded backend where recomputing is faster,
-    which then becomes a second holder, and among holders the cheapest wins, so a prefix
-    spreads to as many backends as its demand needs (not more). It still loses when the
-    cache model is wrong (engine evicted earlier than the LRU model thinks; exact mode
-    fixes that), and to a clairvoyant scheduler on bursts of long cold prompts, since it
-    decides per request and never delays one.
+    With no holder, the cheapest wins ("cold"). With holders, the cheapest holder of the
+    deepest match is the home ("prefix"). If the home's hit is less than
+    ``divert_min_cached_share`` (half) of the prompt, the request is mostly new and the
+    cheapest candidate wins, as a cold one would: where its new blocks go (and what they
+    evict) matters more than the short shared head. Otherwise another candidate wins
+    instead of the home ("load") only if its estimate, plus ``divert_recompute_share`` x
+    the recompute the move causes there (its estimate minus its estimate with the home's
+    hit: the prefix it prefills again, and the cache that evicts), is below the home's by
+    max(``divert_margin_s``, ``divert_margin_fraction`` x the home's estimate). Why:
+    - the recompute is counted twice, once in the request's own estimate and once for
+      whoever queues behind it on the target (the fleet does that much more prefill than
+      on the home), so a diversion must pay for what it costs others, not only be faster
+      for itself (issue 11 saw the spiral of the rule without it: each diversion
+      recomputed a long prompt, queued more prefill, made holders look busier, and more
+      requests were diverted);
+    - 50 ms: TTFTs and queue snapshots jitter by a few tens of ms (a scrape, a GC pause,
+      a batch boundary); a smaller margin flips decisions on noise;
+    - 20 % of the home's estimate: the learned rate's error (a burst of outliers moves it
+      by up to ~8 %, cost.PrefillRate) and the queue's drift while the request waits scale
+      with the estimate, so the margin does too.
+    Among candidates worth diverting to, the lowest charged estimate wins, then the deeper
+    match. Exact ties go to the highest rendezvous hash of (first uncached block key, URL),
+    so independent router processes make the same choice. The prediction is the matched
+    whole blocks within prompt - 1 (``cached_tokens_for``: what the engine will report).
 
-    Inputs: index (holders, match depth), load (queued prefill tokens), cost (rates).
-    Knobs: ``num_least_loaded`` (3), ``max_holders`` (4), ``num_hashed`` (2),
-    ``ranked_limit`` (8).
+    When it loses: a hot prefix first lives on one backend; once that backend's queue
+    exceeds the alternatives' by the recompute (twice) and the margin, overflow goes to a
+    least-loaded backend, which then becomes a second holder, and among holders the
+    cheapest wins, so a prefix spreads to as many backends as its demand needs (not more),
+    later than a rule without margin would (its holders run up to ~2 recomputes + the margin
+    busier). It still loses when the cache model is wrong (engine evicted earlier than the
+    LRU model thinks; exact mode fixes that), and to a clairvoyant scheduler on bursts of
+    long cold prompts, since it decides per request and never delays one.
+
+    Inputs: index (holders, match depth), load (queued prefill tokens), cost (rates, the
+    margin's knobs in ``CostConfig``). Knobs: ``num_least_loaded`` (3), ``max_holders``
+    (4), ``num_hashed`` (2), ``ranked_limit`` (8).
     """
 
     name = "prefix"
@@ -72,21 +97,51 @@ class PrefixPolicy(Policy):
                 url_to_depth[url] = view.matched_blocks(url, hashes) if deepest else 0
         if not url_to_depth:
             return None
-        scored = []
+        scored: list[Scored] = []
         for url, depth in url_to_depth.items():
             cached = cached_tokens_for(depth, request.num_prompt_tokens, view.block_size)
             ttft_s = view.estimate_ttft_s(url, request, cached)
             scored.append((round(ttft_s, 9), -rendezvous_score(tie_key, url), url, cached))
         scored.sort()
-        ttft_s, _, best, cached = scored[0]
-        if deepest == 0:
-            reason = "cold"
-        elif url_to_depth[best] == deepest:
-            reason = "prefix"
-        else:
-            reason = "load"
-        ranked = rest_by_load(view, [s[2] for s in scored], self.ranked_limit)
-        return Decision(best, reason, cached, ranked, ttft_s)
+        best, reason = scored[0], "cold"
+        if deepest:
+            best = next(s for s in scored if url_to_depth[s[2]] == deepest)
+            diverted = self._diversion(request, view, best, scored, url_to_depth)
+            best, reason = (best, "prefix") if diverted is None else (diverted, "load")
+        ttft_s, _, url, cached = best
+        first = [url, *(s[2] for s in scored if s[2] != url)]
+        return Decision(url, reason, cached, rest_by_load(view, first, self.ranked_limit), ttft_s)
+
+    @staticmethod
+    def _diversion(
+        request: RouteRequest,
+        view: FleetView,
+        home: Scored,
+        scored: list[Scored],
+        url_to_depth: dict[str, int],
+    ) -> Scored | None:
+        """The candidate worth leaving ``home`` for (class docstring), or None."""
+        cost = view.cost
+        home_ttft_s, _, home_url, home_cached = home
+        if home_cached < cost.divert_min_cached_share * request.num_prompt_tokens:
+            return None if scored[0] is home else scored[0]  # mostly new: cost alone
+        bar_s = home_ttft_s - diversion_margin_s(home_ttft_s, cost)
+        best: Scored | None = None
+        best_key: tuple[float, int, int] | None = None
+        for s in scored:  # cheapest first: once one is above the bar, all later ones are
+            ttft_s, minus_score, url, _ = s
+            if ttft_s >= bar_s:
+                break
+            if url_to_depth[url] >= url_to_depth[home_url]:
+                continue  # another holder of the deepest match is never a diversion
+            charged_s = ttft_s
+            if cost.divert_recompute_share > 0:
+                with_home_hit_s = view.estimate_ttft_s(url, request, home_cached)
+                charged_s += cost.divert_recompute_share * max(0.0, ttft_s - with_home_hit_s)
+            key = (round(charged_s, 9), -url_to_depth[url], minus_score)
+            if charged_s < bar_s and (best_key is None or key < best_key):
+                best, best_key = s, key
+        return best
 
     def _homes(self, view: FleetView, tie_key: int) -> list[str]:
         """``num_hashed`` backends picked by slices of ``tie_key`` (O(1), same everywhere)."""
