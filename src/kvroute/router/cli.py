@@ -101,6 +101,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("--no-worker-sync", dest="worker_sync", action="store_false",
                    help="with --workers N: workers do not tell each other their routing "
                    "decisions (each index sees only its own requests)")  # fmt: skip
+    p.add_argument("--no-assemble-non-streaming", dest="assemble_non_streaming",
+                   action="store_const", const=False, help="send non-streaming requests "
+                   "to vLLM as they came, not as a stream answered as one body (the "
+                   "router then sees no first token of theirs)")  # fmt: skip
     p.add_argument("--log-level", default="WARNING", help="python logging level")
     add_kv_arguments(p)
     p.set_defaults(func=run)
@@ -115,6 +119,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         "drain_timeout_s": args.drain_timeout_s,
         "mode": args.mode,
         "expose_backend_urls": args.expose_backend_urls,
+        "assemble_non_streaming": args.assemble_non_streaming,
     }
     if args.admin_allow:
         overrides["admin_allowed_backends"] = tuple(args.admin_allow)

@@ -298,9 +298,15 @@ class RouterConfig:
     # IP in one of the CIDRs or a name matching one of the globs (no DNS lookups); ipc://
     # endpoints are then refused. Empty: any. Configured and --backend URLs are not checked
     admin_allowed_backends: tuple[str, ...] = ()
+    # a non-streaming request to a vLLM backend goes upstream as a stream and comes back
+    # as one assembled JSON body, so its first token is seen (learned prefill rates,
+    # queued prefill released at the first token); False: the original bytes, always
+    assemble_non_streaming: bool = True
 
     def __post_init__(self) -> None:
         _check(0 <= self.port <= 65535, "port", f"must be in [0, 65535], got {self.port}")
+        _check(isinstance(self.assemble_non_streaming, bool), "assemble_non_streaming",
+               "must be a bool")  # fmt: skip
         modes = ("approximate", "exact", "auto")
         _check(self.mode in (None, *modes), "mode", f"must be one of {modes}, got {self.mode!r}")
         _check(0 <= self.speculative_ttl_s <= 600, "speculative_ttl_s", "must be in [0, 600]")
@@ -399,6 +405,7 @@ def config_from_mapping(raw: Mapping[str, Any]) -> RouterConfig:
             "expose_backend_urls",
             "mode",
             "speculative_ttl_s",
+            "assemble_non_streaming",
         )
         if k in raw
     }

@@ -5,6 +5,12 @@ decision -> dispatch (load acquired) -> open upstream -> relay (non-streaming: w
 body; streaming: each chunk as it arrives) -> Fleet.finish in a ``finally`` (load
 released exactly once).
 
+A non-streaming request to a vLLM engine (its model card says ``owned_by: vllm``) goes
+upstream as a stream and comes back as one assembled body (router/assemble.py), so its
+first token is seen as a streaming request's is (``assemble_non_streaming``). Requests
+it cannot be done for faithfully (``assembly_blocker``), and other engines (their stream
+format and stream options are not known to match), get the original bytes.
+
 Only a backend that could not take the request (connect error, 503) is retried, on the
 next-best backend, and a body reaches at most ``MAX_DELIVERIES`` backends: whatever else
 fails (another 5xx, a reset, a slow answer) may be this body's doing, so it is answered
@@ -26,6 +32,7 @@ from aiohttp import web
 from kvroute.core.keys import Prompt, PromptError, chain_seed, prompt_block_hashes, salt_of
 from kvroute.core.policy.base import Decision, RouteRequest
 from kvroute.core.token_keys import PromptTokenizer, exact_route_keys, prompt_token_ids
+from kvroute.router.assemble import assembly_blocker, stream_body
 from kvroute.router.clients import client_address, is_trusted
 from kvroute.router.errors import (
     BadRequest,
@@ -34,7 +41,7 @@ from kvroute.router.errors import (
     NoHealthyBackend,
     PayloadTooLarge,
 )
-from kvroute.router.relay import relay
+from kvroute.router.relay import WHOLE, AnswerPlan, relay
 from kvroute.router.request import parse_completion_body
 from kvroute.router.state import BUILTIN_TOKENIZER, NOTE, STATE, RouterState
 from kvroute.router.upstream import AttemptFailed, Deadline, open_upstream
@@ -53,6 +60,9 @@ COMPLETIONS_PATH = "/v1/completions"
 # backends one body may reach: the first, and one more after a 503 (connect errors do
 # not count: nothing was sent)
 MAX_DELIVERIES = 2
+# engines (a model card's "owned_by") whose stream is assembled for non-streaming clients:
+# their chunks and whole answers were checked to match (vLLM, and the simulator)
+ASSEMBLE_OWNERS = frozenset({"vllm"})
 
 
 def new_request_id() -> str:
@@ -76,9 +86,10 @@ async def _handle(request: web.Request, path: str, *, chat: bool) -> web.StreamR
     try:
         raw = await _read_body(request, state.config.limits.max_body_bytes)
         t0 = state.clock()
-        route_req, stream = await _route_request(state, request, raw, chat=chat)
+        route_req, stream, body = await _route_request(state, request, raw, chat=chat)
         state.metrics.decision.observe(state.clock() - t0)
-        return await _forward(state, request, route_req, raw, path, stream=stream)
+        upstream = _Upstream(raw, body, chat, stream, state.config.assemble_non_streaming)
+        return await _forward(state, request, route_req, upstream, path)
     except asyncio.CancelledError:
         state.metrics.client_disconnects.inc()  # aiohttp cancels a handler on disconnect
         raise
@@ -99,8 +110,8 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
 
 async def _route_request(
     state: RouterState, request: web.Request, raw: bytes, *, chat: bool
-) -> tuple[RouteRequest, bool]:
-    """(what the Fleet routes on, whether the client asked for a stream)."""
+) -> tuple[RouteRequest, bool, dict[str, Any]]:
+    """(what the Fleet routes on, whether the client asked for a stream, the body)."""
     name_chars = state.config.limits.max_model_name_chars
     if len(raw) >= OFF_LOOP_KEYS_BYTES:
         parsed, body = await asyncio.to_thread(
@@ -136,7 +147,7 @@ async def _route_request(
         num_prompt_tokens=num_tokens,
         max_tokens=parsed.max_tokens,
     )
-    return route_req, parsed.stream
+    return route_req, parsed.stream, body
 
 
 async def _route_keys(
@@ -187,8 +198,47 @@ def _tokenizer_keys(
     return exact_route_keys(tokenizer.token_ids(body, chat), bs, seed)
 
 
+class _Upstream:
+    """What goes upstream for one request: the client's bytes, or (assembled) the same
+    body asking for a stream, encoded once on first use."""
+
+    __slots__ = ("_stream_raw", "blocker", "body", "chat", "raw", "stream")
+
+    def __init__(
+        self, raw: bytes, body: dict[str, Any], chat: bool, stream: bool, assemble: bool
+    ) -> None:
+        self.raw, self.body, self.chat, self.stream = raw, body, chat, stream
+        # why this request is not assembled (None: it is, on a vLLM backend)
+        self.blocker = "disabled" if not assemble else None
+        if stream:
+            self.blocker = "stream"
+        elif self.blocker is None:
+            self.blocker = assembly_blocker(body, chat)
+        self._stream_raw: bytes | None = None
+
+    async def for_backend(self, state: RouterState, url: str, model: str | None) -> tuple[
+        AnswerPlan, bytes
+    ]:  # fmt: skip
+        """(how the answer is relayed, the bytes to send) for one attempt on ``url``."""
+        if self.blocker is not None or not _speaks_vllm(state, url, model):
+            return WHOLE, self.raw
+        if self._stream_raw is None:
+            if len(self.raw) >= OFF_LOOP_KEYS_BYTES:
+                self._stream_raw = await asyncio.to_thread(stream_body, self.body)
+            else:
+                self._stream_raw = stream_body(self.body)
+        return AnswerPlan(assembled=True, chat=self.chat), self._stream_raw
+
+
+def _speaks_vllm(state: RouterState, url: str, model: str | None) -> bool:
+    """``url`` lists ``model`` on a card of an engine whose stream we assemble."""
+    rt = state.backends.get(url)
+    card = rt.model_cards.get(model) if rt is not None and model is not None else None
+    return card is not None and card.get("owned_by") in ASSEMBLE_OWNERS
+
+
 def _upstream_headers(
-    state: RouterState, request: web.Request, url: str, rid: str
+    state: RouterState, request: web.Request, url: str, rid: str, plan: AnswerPlan
 ) -> dict[str, str]:
     h = request.headers
     headers = {
@@ -196,6 +246,9 @@ def _upstream_headers(
         "x-request-id": rid,
         "Accept-Encoding": h.get("Accept-Encoding", "identity"),
     }
+    if plan.assembled:  # the router reads this stream: plain SSE
+        headers["Accept-Encoding"] = "identity"
+        headers["Accept"] = "text/event-stream"
     rt = state.backends.get(url)
     auth = rt.auth_header if rt is not None else None
     if auth is None and not state.gate.require_key:
@@ -203,7 +256,7 @@ def _upstream_headers(
     if auth:
         headers["Authorization"] = auth
     accept = h.get("Accept")
-    if accept:
+    if accept and not plan.assembled:
         headers["Accept"] = accept
     peer = request.remote
     if peer:
@@ -215,15 +268,10 @@ def _upstream_headers(
 
 
 async def _forward(
-    state: RouterState,
-    request: web.Request,
-    req: RouteRequest,
-    raw: bytes,
-    path: str,
-    *,
-    stream: bool,
+    state: RouterState, request: web.Request, req: RouteRequest, upstream: _Upstream, path: str
 ) -> web.StreamResponse:
     """Send the body to the best backend; to the next only if one refused it."""
+    stream = upstream.stream
     fleet, clock, limits = state.fleet, state.clock, state.config.limits
     timeouts = state.config.timeouts
     loop = asyncio.get_running_loop()
@@ -253,12 +301,13 @@ async def _forward(
                 answer = _sooner(total, loop.time(), timeouts.first_byte_s, "first_byte_s")
             else:
                 answer = _sooner(total, loop.time(), timeouts.response_s, "response_s")
-            headers = _upstream_headers(state, request, url, req.request_id)
+            plan, data = await upstream.for_backend(state, url, req.model)
+            headers = _upstream_headers(state, request, url, req.request_id, plan)
             if log.isEnabledFor(logging.DEBUG):
                 client_rid = request[NOTE].request_id
                 log.debug("request %s (upstream %s) -> %s", client_rid, req.request_id, url)
             try:
-                resp = await open_upstream(state.session, url + path, raw, headers, answer)
+                resp = await open_upstream(state.session, url + path, data, headers, answer)
             except AttemptFailed as exc:
                 last = exc
                 num_delivered += exc.delivered
@@ -269,7 +318,7 @@ async def _forward(
             note = request[NOTE]
             note.backend, note.reason = url, decision.reason
             body_deadline = total if stream else answer
-            ok, response = await relay(state, request, resp, ticket, decision, body_deadline)
+            ok, response = await relay(state, request, resp, ticket, decision, body_deadline, plan)
             return response
         except asyncio.CancelledError:
             ok = True  # the client went away; the backend did not fail

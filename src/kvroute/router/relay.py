@@ -1,7 +1,14 @@
 """Relaying one upstream response to the client, after its headers arrived.
 
+Assembled (a non-streaming client whose request the proxy turned into a stream, see
+router/assemble.py): the stream is read under the whole answer's deadline, its first
+chunk is the first token (the prefill rate learns, queued prefill is released), and the
+client gets one JSON body built from the chunks; a cut, an error event or a bad event is
+a 502, nothing having been sent yet.
 Non-streaming: the body is read whole, up to ``limits.max_response_bytes``, and answered
-with the backend's status. It is capped rather than passed through: the router reads the
+with the backend's status. Its end is not a first token, so no prefill rate is learned
+from it (the prompt stays queued prefill until the end); its usage still reports the
+engine's cached tokens. It is capped rather than passed through: the router reads the
 answer's ``usage`` (cached tokens) and can still answer a clean 502 when a backend sends
 something no completion is (a real answer, logprobs included, is kilobytes to a few MB),
 while a pass-through would already have sent a 200 when a body turns out endless.
@@ -21,6 +28,7 @@ because its backend's probes failed is charged.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -29,6 +37,7 @@ from aiohttp import web
 
 from kvroute.core.load import Ticket
 from kvroute.core.policy.base import Decision
+from kvroute.router.assemble import AssemblyError, StreamAssembler
 from kvroute.router.breaker import CircuitState
 from kvroute.router.errors import BackendFailed, BackendTimeout
 from kvroute.router.state import NOTE, RouterState
@@ -46,6 +55,17 @@ def _headers(resp: aiohttp.ClientResponse, url: str, reason: str, rid: str) -> d
     return headers
 
 
+@dataclass(frozen=True, slots=True)
+class AnswerPlan:
+    """How one request's answer is relayed (the proxy decides per attempt)."""
+
+    assembled: bool = False  # a stream asked for a non-streaming client: answer one body
+    chat: bool = False  # /v1/chat/completions (else /v1/completions): the body's shape
+
+
+WHOLE = AnswerPlan()
+
+
 async def relay(
     state: RouterState,
     request: web.Request,
@@ -53,6 +73,7 @@ async def relay(
     ticket: Ticket,
     decision: Decision,
     deadline: Deadline,
+    plan: AnswerPlan = WHOLE,
 ) -> tuple[bool, web.StreamResponse]:
     """(ok, the response sent or to send); closes ``resp`` whatever happens.
 
@@ -62,7 +83,11 @@ async def relay(
     try:
         headers = _headers(resp, decision.backend, decision.reason, request[NOTE].request_id)
         if resp.content_type == "text/event-stream":
+            if plan.assembled:
+                return await _relay_assembled(state, request, resp, ticket, headers, deadline,
+                                              plan)  # fmt: skip
             return await _relay_stream(state, request, resp, ticket, headers, deadline)
+        # a whole answer (also an engine's JSON error to an assembled request's stream)
         return await _relay_whole(state, request, resp, ticket, headers, deadline)
     finally:
         resp.close()  # no-op for the pooled connection once the body was read to EOF
@@ -87,10 +112,56 @@ async def _relay_whole(
         raise BackendFailed(f"{url}: answer cut: {type(exc).__name__}") from None
     if body is None:
         raise BackendFailed(f"{url} sent an answer over {cap} bytes (limits.max_response_bytes)")
-    now = state.clock()
-    state.fleet.on_first_token(ticket, now, _cached_tokens(body))
-    state.metrics.of(url).ttft.observe(now - request[NOTE].t0)
+    # the end of a whole answer is not its first token: no prefill rate is learned from
+    # it, and its prefill stays queued until finish (issue 10)
+    cached = _cached_tokens(body)
+    if cached is not None:
+        state.fleet.record_cached_tokens(ticket, cached)
+    state.metrics.of(url).ttft.observe(state.clock() - request[NOTE].t0)
     return True, web.Response(body=body, status=resp.status, headers=headers)
+
+
+async def _relay_assembled(
+    state: RouterState,
+    request: web.Request,
+    resp: aiohttp.ClientResponse,
+    ticket: Ticket,
+    headers: dict[str, str],
+    deadline: Deadline,
+    plan: AnswerPlan,
+) -> tuple[bool, web.StreamResponse]:
+    """Read the stream the proxy asked for and answer the one body it assembles."""
+    url = ticket.url
+    assembler = StreamAssembler(plan.chat, state.config.limits.max_response_bytes)
+    try:
+        async with asyncio.timeout_at(deadline.at):
+            read = resp.content.readany
+            chunk = await read()
+            if chunk:
+                _first_token(state, request, ticket)
+            while chunk:
+                assembler.feed(chunk)
+                chunk = await read()  # to the end: the connection goes back to the pool
+        answer = assembler.answer()
+    except TimeoutError:
+        msg = f"{url} did not finish its answer within {deadline.describe()}"
+        raise BackendTimeout(msg) from None
+    except (aiohttp.ClientError, OSError) as exc:
+        raise BackendFailed(f"{url}: answer cut: {type(exc).__name__}") from None
+    except AssemblyError as exc:
+        raise BackendFailed(f"{url}: {exc}") from None
+    cached = _usage_cached_tokens(assembler.usage)
+    if cached is not None:
+        state.fleet.record_cached_tokens(ticket, cached)
+    headers["Content-Type"] = "application/json"
+    return True, web.Response(body=_encode(answer), status=resp.status, headers=headers)
+
+
+def _first_token(state: RouterState, request: web.Request, ticket: Ticket) -> None:
+    """The stream's first chunk: prefill is done (queued prefill released, rate learned)."""
+    now = state.clock()
+    state.fleet.on_first_token(ticket, now)
+    state.metrics.of(ticket.url).ttft.observe(now - request[NOTE].t0)
 
 
 async def _read_capped(resp: aiohttp.ClientResponse, cap: int) -> bytes | None:
@@ -112,9 +183,16 @@ def _cached_tokens(body: bytes) -> int | None:
     if b'"cached_tokens"' not in body:
         return None
     try:
-        usage = _decode(body).get("usage") or {}
-        value = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+        return _usage_cached_tokens(_decode(body).get("usage"))
     except (msgspec.DecodeError, AttributeError):
+        return None
+
+
+def _usage_cached_tokens(usage: Any) -> int | None:
+    """``prompt_tokens_details.cached_tokens`` of a usage object, when it is an int."""
+    try:
+        value = ((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens")
+    except AttributeError:
         return None
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
@@ -197,7 +275,8 @@ class _StreamRelay:
                 self.last_chunk_at = loop.time()
                 wait_s = idle_s
                 if self.first:
-                    self._first_token()
+                    self.first = False
+                    _first_token(self.state, self.request, self.ticket)
                 guard.reschedule(deadline)
                 try:
                     await self.out.write(chunk)
@@ -205,12 +284,6 @@ class _StreamRelay:
                     raise ClientGone from None
                 self.tail = chunk[-2:]
                 self.last = (self.last + chunk)[-_USAGE_TAIL_BYTES:]
-
-    def _first_token(self) -> None:
-        self.first = False
-        now = self.state.clock()
-        self.state.fleet.on_first_token(self.ticket, now)
-        self.state.metrics.of(self.ticket.url).ttft.observe(now - self.request[NOTE].t0)
 
 
 class _Cut(Exception):
