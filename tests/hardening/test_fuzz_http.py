@@ -1,6 +1,7 @@
 """Fuzzing the router's HTTP surface: what a client sends must never break it.
 
-A real router (``make_app``, served by aiohttp on a loopback port) sits in front of a
+A real router (``make_app`` behind ``start_listeners``, as ``kvroute serve`` runs it, on a
+loopback port) sits in front of a
 simulated engine (its ``max_model_len`` cut to 1024 so no valid answer runs long); both
 run on an event loop in a thread of their own, so each hypothesis example is a plain
 blocking request from the test thread, over a real socket. For every example: no 5xx
@@ -27,13 +28,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvroute.engine.profiles import get_profile
 from kvroute.router.app import make_app
 from kvroute.router.config import BackendConfig, HealthConfig, LimitConfig, RouterConfig
+from kvroute.router.listener import Listeners, start_listeners
 from kvroute.router.state import STATE, RouterState
 from kvroute.sim.server import SimFleet, start_fleet
 
@@ -56,7 +57,7 @@ class LiveRouter:
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.port = 0
         self._fleet: SimFleet | None = None
-        self._runner: web.AppRunner | None = None
+        self._listeners: Listeners | None = None
         self.errors: list[logging.LogRecord] = []
 
     def call(self, coro: Any, timeout_s: float = 30.0) -> Any:
@@ -73,24 +74,22 @@ class LiveRouter:
         config = RouterConfig(
             backends=(BackendConfig(url=self._fleet.urls[0]),),
             policy="prefix",
+            port=0,
             health=HealthConfig(interval_s=3600, scrape_interval_s=0),
             limits=LimitConfig(max_body_bytes=MAX_BODY),
         )
-        self._runner = web.AppRunner(make_app(config), handler_cancellation=True)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = self._runner.addresses[0][1]
+        self._listeners = await start_listeners(make_app(config), config)
+        self.port = self._listeners.api[1]
 
     @property
     def state(self) -> RouterState:
-        assert self._runner is not None, "started"
-        return self._runner.app[STATE]
+        assert self._listeners is not None, "started"
+        return self._listeners.runner.app[STATE]
 
     def close(self) -> None:
         async def stop() -> None:
-            if self._runner is not None:
-                await self._runner.cleanup()
+            if self._listeners is not None:
+                await self._listeners.runner.cleanup()
             if self._fleet is not None:
                 await self._fleet.close()
 
