@@ -60,3 +60,14 @@ async def test_short_chaos_run_keeps_every_invariant(tmp_path):
     report = json.dumps(result.to_json()["invariants"], indent=1)
     assert result.passed, report
     assert result.outcomes.get("ok", 0) > 100, result.outcomes
+
+
+def test_a_failure_naming_its_backend_is_attributed_to_that_backend_only():
+    schedule = make_schedule(66, 3, 24.0, mean_gap_s=1.0, fault_s=(1.5, 4.0))
+    urls = ["http://h:1", "http://h:2", "http://h:3"]
+    e = schedule[0]
+    other = next(o for o in urls if o != urls[e.backend])
+    named = Shot("chat", e.start_s, e.start_s + 0.01, 502, "http_502", None, f"{other}/v1 died")
+    ours = Shot("chat", e.start_s, e.start_s + 0.01, 502, "http_502", urls[e.backend])
+    counts, _ = attribute([named, ours], [e], grace_s=0.0, urls=urls)
+    assert counts == {e.kind: 1, "none": 1}

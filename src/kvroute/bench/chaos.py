@@ -181,19 +181,33 @@ def outcome_of(shot: h.Shot) -> str:
 
 
 def attribute(
-    shots: Sequence[h.Shot], schedule: Sequence[FaultEvent], grace_s: float
-) -> tuple[dict[str, int], dict[str, list[h.Shot]]]:
-    """Failures per fault kind whose window (+ grace) they overlap (kind "none": those
-    overlapping no fault: a fault-free fleet should fail none), and the failed shots."""
+    shots: Sequence[h.Shot], schedule: Sequence[FaultEvent], grace_s: float,
+    urls: Sequence[str] = (),
+) -> tuple[dict[str, int], dict[str, list[h.Shot]]]:  # fmt: skip
+    """Failures per fault kind whose window (+ grace) they overlap, on the backend that
+    failed them when known (its x-kvroute-backend, or a URL of ``urls`` in the error), else
+    on any; kind "none": failures overlapping no fault (a fault-free fleet fails none)."""
     by_kind: dict[str, list[h.Shot]] = {}
     for s in shots:
         if s.failure is None:
             continue
-        kinds = {e.kind for e in schedule if s.t0_s <= e.end_s + grace_s and s.t1_s >= e.start_s}
+        where = _backend_index(s, urls)
+        kinds = {
+            e.kind for e in schedule
+            if s.t0_s <= e.end_s + grace_s and s.t1_s >= e.start_s
+            and where in (None, e.backend)
+        }  # fmt: skip
         for k in kinds or {"none"}:
             by_kind.setdefault(k, []).append(s)
     counts = {k: len(v) for k, v in sorted(by_kind.items(), key=lambda kv: -len(kv[1]))}
     return counts, by_kind
+
+
+def _backend_index(shot: h.Shot, urls: Sequence[str]) -> int | None:
+    for i, url in enumerate(urls):
+        if shot.backend == url or url + "/" in shot.detail:
+            return i
+    return None
 
 
 # ---- the run -----------------------------------------------------------------------
@@ -239,7 +253,7 @@ async def run_chaos(config: ChaosConfig, notify: Notify | None = None) -> ChaosR
     result.wall_s = time.monotonic() - wall0
     result.outcomes = h.count_by(shots, outcome_of)
     grace = ROUTER_OVERRIDES["breaker"]["open_s"] + 1.0
-    counts, failed = attribute(shots, schedule, grace)
+    counts, failed = attribute(shots, schedule, grace, [sim.url for sim in sims])
     result.failures_outside_faults = counts.pop("none", 0)
     result.failures_by_fault = counts
     result.examples = {k: [asdict(s) for s in v[:3]] for k, v in failed.items()}
