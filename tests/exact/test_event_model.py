@@ -127,3 +127,26 @@ def test_a_salted_chain_is_keyed_from_its_salt_and_its_seed_goes_with_it():
     m.clear()
     assert len(m) == 0
     m.check_invariants()  # no salted seed outlives its blocks
+
+
+def test_retired_mappings_are_bounded_by_the_engines_capacity():
+    """Removed engine hashes are remembered for children stored late, but only about an
+    engine's capacity of them: a fixed 65,536 per engine grew a soak's router by ~25 MiB
+    long after warm-up."""
+    from kvroute.core.event_model import RETIRED_MIN
+
+    m = EventCacheModel(100)
+    for v in range(3 * RETIRED_MIN):  # store and evict many distinct one-block prompts
+        ids = tokens((v + 10, 1))
+        m.store(*_fields(stored(ids)))
+        m.remove(engine_hashes(ids))
+    assert len(m._retired) == m.retired_limit == RETIRED_MIN
+    # the most recently removed parent still chains a late child
+    ids = tokens((3 * RETIRED_MIN + 9, 1), (5, 1))
+    m.store(*_fields(stored(ids, 0, 1)))
+    m.remove(engine_hashes(ids)[:1])
+    assert m.store(*_fields(stored(ids, 1))) == []  # invisible: its parent is gone
+    assert m.key_of(engine_hashes(ids)[1]) == router_keys(ids)[1]
+    m.set_capacity(RETIRED_MIN // 2)  # a smaller engine keeps no more than the floor
+    assert len(m._retired) == RETIRED_MIN
+    m.check_invariants()

@@ -32,7 +32,12 @@ from collections.abc import Iterable, Iterator, Sequence
 from kvroute.core.index import CacheModel
 from kvroute.core.keys import ROOT_SEED, token_block_hashes
 
-RETIRED_MAPPINGS = 65_536  # removed engine hash -> router key entries kept for late children
+# removed engine hash -> router key entries kept for late children: a child stored after
+# its parent's removal names a recently removed parent, so one engine's capacity of
+# removals is enough (and memory stays proportional to the engine, not to time: a fixed
+# 65,536 per engine took a soak's router from 63 to ~90 MiB before it was full)
+RETIRED_MIN = 1_024
+RETIRED_MAX = 65_536
 
 
 class EventCacheModel(CacheModel):
@@ -104,6 +109,8 @@ class EventCacheModel(CacheModel):
         if capacity_blocks < 1:
             raise ValueError(f"capacity_blocks must be >= 1, got {capacity_blocks}")
         self.nominal_capacity = capacity_blocks
+        while len(self._retired) > self.retired_limit:
+            self._retired.popitem(last=False)
         return []
 
     def oldest_seq(self) -> int | None:
@@ -239,9 +246,13 @@ class EventCacheModel(CacheModel):
 
     # -- internals ---------------------------------------------------------------------------
 
+    @property
+    def retired_limit(self) -> int:
+        return min(RETIRED_MAX, max(RETIRED_MIN, self.nominal_capacity))
+
     def _retire(self, engine_hash: int, key: int) -> None:
         self._retired[engine_hash] = key
-        if len(self._retired) > RETIRED_MAPPINGS:
+        if len(self._retired) > self.retired_limit:
             self._retired.popitem(last=False)
 
     def _make_present(self, key: int, parent: int, out: list[int]) -> None:
