@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,6 +62,10 @@ class VllmScript:
     bodies: list[bytes] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
     owned_by: str = "vllm"
+    # set: answers count ceil(prompt bytes / this) prompt tokens (completions), and the
+    # events and whole answer are built per request with that usage
+    bytes_per_token: float | None = None
+    metrics_text: str = ""
 
 
 class VllmLike:
@@ -75,7 +80,7 @@ class VllmLike:
         app.router.add_post("/v1/chat/completions", self._completions)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", _ok)
-        app.router.add_get("/metrics", _ok)
+        app.router.add_get("/metrics", self._metrics)
         return app
 
     async def _models(self, request: web.Request) -> web.Response:
@@ -96,7 +101,10 @@ class VllmLike:
                 "code": s.status,
             }
             return web.json_response(error, status=s.status)
-        if not json.loads(raw).get("stream"):
+        body = json.loads(raw)
+        if s.bytes_per_token is not None:
+            self._answer_like_a_tokenizer(body)
+        if not body.get("stream"):
             if s.gap_s:
                 await asyncio.sleep(s.gap_s)
             return web.json_response(s.whole)
@@ -116,6 +124,31 @@ class VllmLike:
             await resp.write(event)
         await resp.write_eof()
         return resp
+
+    def _answer_like_a_tokenizer(self, body: dict[str, Any]) -> None:
+        s = self.script
+        assert s.bytes_per_token is not None
+        n = math.ceil(len(body["prompt"].encode()) / s.bytes_per_token)
+        usage = {
+            "prompt_tokens": n,
+            "total_tokens": n + 2,
+            "completion_tokens": 2,
+            "prompt_tokens_details": None,
+        }
+        include = (body.get("stream_options") or {}).get("include_usage")
+        s.events = text_stream(["a", "b"], usage, chat=False)
+        if not include:
+            s.events = s.events[:-2] + s.events[-1:]  # no usage chunk
+        s.whole = {
+            "id": "cmpl-1",
+            "object": "text_completion",
+            "model": "m1",
+            "choices": [{"index": 0, "text": "ab", "finish_reason": "length"}],
+            "usage": usage,
+        }
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(text=self.script.metrics_text)
 
     async def start(self) -> VllmLike:
         await self.server.start_server()

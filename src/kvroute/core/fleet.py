@@ -9,6 +9,13 @@ load counted, blocks recorded in the index) -> ``on_first_token`` (prefill done;
 rate learns) -> ``finish`` (load released, exactly once). Scraped engine metrics come in
 through ``update_engine_stats``. Time is always an argument; nothing here does I/O.
 
+Approximate mode keys text in blocks of ``block_size * 4`` bytes. The engines' own bytes
+per token, learned from their usage (``observe_prompt_tokens``; core/calibration.py),
+scale what such a key block stands for: a prompt's tokens (``prompt_tokens_estimate``),
+a key block's tokens in the cost model and predicted hits, and each engine's capacity in
+key blocks (its engine blocks x bytes per token / 4). Keys are never recut, so the index
+stays valid when the estimate moves.
+
 Numbers from clients and engines are bounded where they enter (``clamp_count``), and
 ``dispatch`` is all or nothing: a ticket the caller never gets is load never released.
 """
@@ -28,8 +35,10 @@ from typing import Protocol
 
 import xxhash
 
+from kvroute.core.calibration import TextCalibration
 from kvroute.core.cost import CostConfig, PrefillRate, estimate_ttft_s, work_tokens
 from kvroute.core.index import LruCacheModel, PrefixIndex
+from kvroute.core.keys import CHARS_PER_TOKEN
 from kvroute.core.kv_sync import MODES, ExactSync, KvOutcome
 from kvroute.core.load import MAX_COUNT, BackendLoad, Ticket, clamp_count
 from kvroute.core.policy.base import (
@@ -171,6 +180,11 @@ class BackendState:
     reported_predicted_tokens: int = 0  # predicted cached tokens of the requests that reported
     num_reported: int = 0  # requests whose engine reported cached_tokens
     num_reported_exact: int = 0  # of which the router's prediction was exactly the report
+    # approximate mode: learned UTF-8 bytes of prompt text per engine token of its models
+    # (4.0, the built-in tokenizer's, until learned) and its cache model's capacity in
+    # key blocks (capacity_blocks x bytes_per_token / 4)
+    bytes_per_token: float = float(CHARS_PER_TOKEN)
+    key_capacity_blocks: int = 0
 
 
 class _Backend:
@@ -315,6 +329,7 @@ class Fleet:
         # backend is not judged on a few first tokens, nor on a pessimistic prior.
         self.fleet_rate = PrefillRate(self.config.cost)
         self.listeners: list[FleetListener] = []  # told of request-path changes
+        self.calibration = TextCalibration()  # bytes of text per token, per model
 
     # -- membership --------------------------------------------------------------------
 
@@ -331,7 +346,7 @@ class Fleet:
         b.healthy = healthy
         self._backends[url] = b
         self._count_models(b.models, 1)
-        self.index.add_backend(url, LruCacheModel(self.config.default_capacity_blocks))
+        self.index.add_backend(url, LruCacheModel(self._key_capacity(b)))
         self.sync.add_backend(url)
         self._membership_changed(b)
 
@@ -352,6 +367,7 @@ class Fleet:
         self._count_models(b.models, -1)
         b.models = frozenset(models)
         self._count_models(b.models, 1)
+        self._apply_capacity(b)
         self._membership_changed(b)
 
     def _count_models(self, models: Iterable[str], delta: int) -> None:
@@ -440,7 +456,7 @@ class Fleet:
             self._invalidate()
         if num_gpu_blocks is not None and num_gpu_blocks >= 1:
             b.num_gpu_blocks = clamp_count(num_gpu_blocks)
-            self.index.set_capacity(url, b.num_gpu_blocks)
+            self._apply_capacity(b)
         self._count_engine(b, 0, prefix_cache_hits)
         self._count_engine(b, 1, prefix_cache_queries)
         self._reorder(b)
@@ -486,7 +502,8 @@ class Fleet:
         """The policy's decision for ``req`` among eligible backends not in ``exclude``."""
         req = _bounded(req)
         self.sync.expire(now)
-        view = _View(self, req.model, frozenset(exclude), self.block_size_for(req.model))
+        bs = self.key_block_tokens(req.model, self.block_size_for(req.model))
+        view = _View(self, req.model, frozenset(exclude), bs)
         if not self._order.url_to_entry:
             return None
         return self.policy.choose(req, view, now)
@@ -557,7 +574,7 @@ class Fleet:
         """Tokens of ``req`` the cache model of ``url`` holds, as the engine would report them."""
         b = self._get(url)
         blocks = self.index.matched_blocks(url, req.block_hashes)
-        bs = b.block_size or self.config.default_block_size
+        bs = self.key_block_tokens(req.model, b.block_size or self.config.default_block_size)
         return cached_tokens_for(blocks, req.num_prompt_tokens, bs)
 
     def on_first_token(self, ticket: Ticket, now: float, cached_tokens: int | None = None) -> None:
@@ -637,6 +654,61 @@ class Fleet:
         b = self._backends.get(ticket.url)
         return b if b is not None and b.epoch == ticket.epoch else None
 
+    # -- approximate mode: bytes of text per token ----------------------------------------
+
+    def observe_prompt_tokens(self, model: str | None, text_bytes: int, prompt_tokens: int) -> None:
+        """An engine counted ``prompt_tokens`` (its usage) for a prompt the router keyed
+        from ``text_bytes`` UTF-8 bytes of text: the bytes-per-token estimate learns.
+        A name no backend lists teaches only the pooled estimate (clients pick names)."""
+        key = model if model is not None and model in self._model_refs else None
+        if self.calibration.observe(key, text_bytes, prompt_tokens):
+            for b in self._backends.values():  # rare: the estimate moved past its band
+                self._apply_capacity(b)
+
+    def prompt_tokens_estimate(self, model: str | None, text_bytes: int) -> int:
+        """Tokens of a text prompt of ``text_bytes`` UTF-8 bytes, for ``model``'s engines."""
+        key = model if model is not None and model in self._model_refs else None
+        return self.calibration.estimate_tokens(key, text_bytes)
+
+    def key_block_tokens(self, model: str | None, block_size: int) -> int:
+        """Tokens one key block of ``model`` stands for on an engine with ``block_size``:
+        the block size itself, except for text keys (approximate mode; auto mode until a
+        backend of the model is synced), where a block of ``block_size * 4`` bytes holds
+        ``block_size * 4 / bytes_per_token`` tokens."""
+        if self.key_kind_for(model) != "text":
+            return block_size
+        key = model if model is not None and model in self._model_refs else None
+        r = self.calibration.bytes_per_token(key)
+        if r == CHARS_PER_TOKEN:
+            return block_size
+        return max(1, round(block_size * CHARS_PER_TOKEN / r))
+
+    def _engine_capacity(self, b: _Backend) -> int:
+        """Engine blocks of ``b``'s cache: scraped, else the default."""
+        return b.num_gpu_blocks or self.config.default_capacity_blocks
+
+    def _backend_bytes_per_token(self, b: _Backend) -> float:
+        """Bytes per token of the text ``b`` caches: the mean over the models it lists
+        (one, usually), the pooled estimate for a backend whose models are unknown."""
+        cal = self.calibration
+        if not b.models:
+            return cal.bytes_per_token(None)
+        return sum(cal.bytes_per_token(m) for m in b.models) / len(b.models)
+
+    def _key_capacity(self, b: _Backend) -> int:
+        """``b``'s cache model capacity in key blocks. Outside approximate mode, engine
+        blocks: keys are the engine's own blocks there, or become them once a backend
+        syncs (auto mode's text keys meanwhile are held at one engine block each)."""
+        blocks = self._engine_capacity(b)
+        if self.config.mode != "approximate":
+            return blocks
+        scale = self._backend_bytes_per_token(b) / CHARS_PER_TOKEN
+        return blocks if scale == 1 else max(1, round(blocks * scale))
+
+    def _apply_capacity(self, b: _Backend) -> None:
+        if b.url in self.index.url_to_model:
+            self.index.set_capacity(b.url, self._key_capacity(b))
+
     # -- exact mode: KV events ---------------------------------------------------------
 
     def key_kind_for(self, model: str | None) -> str:
@@ -711,6 +783,10 @@ class Fleet:
     def _state(self, b: _Backend) -> BackendState:
         s = self.sync.url_to_stream[b.url]
         model = self.sync.model(b.url)
+        key_capacity = self.index.url_to_model[b.url].capacity_blocks
+        # approximate mode: the engine's blocks (its key blocks are scaled from them)
+        approximate = self.config.mode == "approximate"
+        capacity = self._engine_capacity(b) if approximate else key_capacity
         return BackendState(
             url=b.url,
             models=tuple(sorted(b.models)),
@@ -718,7 +794,7 @@ class Fleet:
             healthy=b.healthy,
             draining=b.draining,
             block_size=b.block_size or self.config.default_block_size,
-            capacity_blocks=self.index.url_to_model[b.url].capacity_blocks,
+            capacity_blocks=capacity,
             in_flight_requests=b.load.requests,
             in_flight_tokens=b.load.in_flight_tokens,
             queued_prefill_tokens=b.load.queued_prefill_tokens,
@@ -747,6 +823,8 @@ class Fleet:
             reported_predicted_tokens=b.reported[2],
             num_reported=b.reported[3],
             num_reported_exact=b.reported[4],
+            bytes_per_token=self._backend_bytes_per_token(b),
+            key_capacity_blocks=key_capacity,
         )
 
     def check_invariants(self) -> None:
@@ -863,7 +941,7 @@ class _View:
     def estimate_ttft_s(self, url: str, request: RouteRequest, cached_tokens: int) -> float:
         fleet = self._fleet
         b = fleet._get(url)
-        bs = b.block_size or fleet.config.default_block_size
+        bs = fleet.key_block_tokens(request.model, b.block_size or fleet.config.default_block_size)
         model = fleet.index.url_to_model[url]
         capacity_tokens = model.capacity_blocks * bs
         # Blocks this request adds to the cache push out as many held ones once it is full.

@@ -7,7 +7,9 @@ cache. Only full blocks get a key: a partial tail block is never cached by the e
 Two granularities:
 
 - text blocks of ``block_chars`` bytes of the UTF-8 prompt (approximate mode; about
-  ``block_size * 4`` characters stand for one engine block of the built-in tokenizer);
+  ``block_size * 4`` characters stand for one engine block of the built-in tokenizer;
+  the router learns the engines' own bytes per token, core/calibration.py, and scales
+  capacity and token counts rather than recutting keys, so the index stays valid);
 - token blocks of ``block_size`` token ids (exact mode, same ids as the engine sees).
 
 The chain's root is ``ROOT_SEED``, or ``chain_seed(cache_salt)`` for a request that
@@ -106,7 +108,17 @@ def salt_of(body: dict[str, Any]) -> str | None:
 
 def text_block_hashes(text: str, block_chars: int, parent: int = ROOT_SEED) -> list[int]:
     """Chained keys of the full ``block_chars``-byte blocks of ``text`` (UTF-8)."""
+    return _byte_block_hashes(text.encode(), block_chars, parent)
+
+
+def text_route_keys(text: str, block_size: int, seed: int = ROOT_SEED) -> tuple[list[int], int]:
+    """(``prompt_block_hashes`` of a text prompt, its UTF-8 length in bytes): the length
+    is what approximate mode estimates tokens from (core/calibration.py)."""
     data = text.encode()
+    return _byte_block_hashes(data, block_size * CHARS_PER_TOKEN, seed), len(data)
+
+
+def _byte_block_hashes(data: bytes, block_chars: int, parent: int) -> list[int]:
     hashes = []
     digest = xxhash.xxh3_64_intdigest
     for start in range(0, len(data) - block_chars + 1, block_chars):

@@ -29,7 +29,14 @@ from typing import Any
 
 from aiohttp import web
 
-from kvroute.core.keys import Prompt, PromptError, chain_seed, prompt_block_hashes, salt_of
+from kvroute.core.keys import (
+    Prompt,
+    PromptError,
+    chain_seed,
+    prompt_block_hashes,
+    salt_of,
+    text_route_keys,
+)
 from kvroute.core.policy.base import Decision, RouteRequest
 from kvroute.core.token_keys import PromptTokenizer, exact_route_keys, prompt_token_ids
 from kvroute.router.assemble import assembly_blocker, stream_body
@@ -41,7 +48,7 @@ from kvroute.router.errors import (
     NoHealthyBackend,
     PayloadTooLarge,
 )
-from kvroute.router.relay import WHOLE, AnswerPlan, relay
+from kvroute.router.relay import AnswerPlan, relay
 from kvroute.router.request import parse_completion_body
 from kvroute.router.state import BUILTIN_TOKENIZER, NOTE, STATE, RouterState
 from kvroute.router.upstream import AttemptFailed, Deadline, open_upstream
@@ -86,9 +93,10 @@ async def _handle(request: web.Request, path: str, *, chat: bool) -> web.StreamR
     try:
         raw = await _read_body(request, state.config.limits.max_body_bytes)
         t0 = state.clock()
-        route_req, stream, body = await _route_request(state, request, raw, chat=chat)
+        route_req, stream, body, text_bytes = await _route_request(state, request, raw, chat=chat)
         state.metrics.decision.observe(state.clock() - t0)
         upstream = _Upstream(raw, body, chat, stream, state.config.assemble_non_streaming)
+        upstream.text_bytes = text_bytes
         return await _forward(state, request, route_req, upstream, path)
     except asyncio.CancelledError:
         state.metrics.client_disconnects.inc()  # aiohttp cancels a handler on disconnect
@@ -110,8 +118,9 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
 
 async def _route_request(
     state: RouterState, request: web.Request, raw: bytes, *, chat: bool
-) -> tuple[RouteRequest, bool, dict[str, Any]]:
-    """(what the Fleet routes on, whether the client asked for a stream, the body)."""
+) -> tuple[RouteRequest, bool, dict[str, Any], int | None]:
+    """(what the Fleet routes on, whether the client asked for a stream, the body, the
+    UTF-8 bytes of the one text prompt keyed as text: None for token keys or a batch)."""
     name_chars = state.config.limits.max_model_name_chars
     if len(raw) >= OFF_LOOP_KEYS_BYTES:
         parsed, body = await asyncio.to_thread(
@@ -139,7 +148,12 @@ async def _route_request(
             "request %s (upstream %s) from %s model %s prompt %r",
             request[NOTE].request_id, rid, client, model, parsed.prompt,
         )  # fmt: skip
-    hashes, num_tokens = await _route_keys(state, model, parsed.prompt, body, chat, len(raw))
+    hashes, num_tokens, text_bytes = await _route_keys(
+        state, model, parsed.prompt, body, chat, len(raw)
+    )
+    prompt = body.get("prompt")
+    if not chat and isinstance(prompt, list) and len(prompt) > 1 and type(prompt[0]) is not int:
+        text_bytes = None  # a batch: the usage counts every prompt, the keys only the first
     route_req = RouteRequest(
         request_id=rid,
         model=model,
@@ -147,7 +161,7 @@ async def _route_request(
         num_prompt_tokens=num_tokens,
         max_tokens=parsed.max_tokens,
     )
-    return route_req, parsed.stream, body
+    return route_req, parsed.stream, body, text_bytes
 
 
 async def _route_keys(
@@ -157,11 +171,12 @@ async def _route_keys(
     body: dict[str, Any],
     chat: bool,
     body_bytes: int,
-) -> tuple[list[int], int]:
-    """(block keys, prompt tokens): the engine's token ids while the model is routed on KV
-    events (exact keys), else text keys and a token estimate. Long bodies are keyed in a
-    thread: a real model's tokenizer above OFF_LOOP_MIN_BYTES (Rust that releases the
-    GIL), the built-in one and text keys above OFF_LOOP_KEYS_BYTES."""
+) -> tuple[list[int], int, int | None]:
+    """(block keys, prompt tokens, text bytes): the engine's token ids while the model is
+    routed on KV events (exact keys), else text keys and a token estimate from the text's
+    UTF-8 bytes (learned per model: Fleet.prompt_tokens_estimate). Long bodies are keyed
+    in a thread: a real model's tokenizer above OFF_LOOP_MIN_BYTES (Rust that releases
+    the GIL), the built-in one and text keys above OFF_LOOP_KEYS_BYTES."""
     fleet = state.fleet
     bs = fleet.block_size_for(model)
     # a salted request shares cache only with its salt, an adapter's only with itself
@@ -170,14 +185,23 @@ async def _route_keys(
     off_loop = body_bytes >= OFF_LOOP_KEYS_BYTES
     work: Callable[[], tuple[list[int], int]]
     if fleet.key_kind_for(model) != "tokens":
-        work = partial(_text_keys, prompt, bs, seed)
+        hashes, size = await _keys_work(partial(_text_keys, prompt, bs, seed), off_loop)
+        if prompt.text is None:
+            return hashes, size, None  # token ids: their count is exact
+        return hashes, fleet.prompt_tokens_estimate(model, size), size
+    tokenizer = state.tokenizer_for(model)
+    if tokenizer is BUILTIN_TOKENIZER:
+        work = partial(_builtin_keys, prompt, bs, seed)  # the body is parsed already
     else:
-        tokenizer = state.tokenizer_for(model)
-        if tokenizer is BUILTIN_TOKENIZER:
-            work = partial(_builtin_keys, prompt, bs, seed)  # the body is parsed already
-        else:
-            work = partial(_tokenizer_keys, tokenizer, body, chat, bs, seed)
-            off_loop = tokenizer.off_loop and body_bytes >= OFF_LOOP_MIN_BYTES
+        work = partial(_tokenizer_keys, tokenizer, body, chat, bs, seed)
+        off_loop = tokenizer.off_loop and body_bytes >= OFF_LOOP_MIN_BYTES
+    hashes, num_tokens = await _keys_work(work, off_loop)
+    return hashes, num_tokens, None
+
+
+async def _keys_work(
+    work: Callable[[], tuple[list[int], int]], off_loop: bool
+) -> tuple[list[int], int]:
     try:
         return await asyncio.to_thread(work) if off_loop else work()
     except PromptError as exc:
@@ -185,7 +209,10 @@ async def _route_keys(
 
 
 def _text_keys(prompt: Prompt, bs: int, seed: int) -> tuple[list[int], int]:
-    return prompt_block_hashes(prompt, bs, seed), prompt.num_tokens_estimate
+    """(keys, UTF-8 bytes of the text); for token ids, (their keys, their count)."""
+    if prompt.text is None:
+        return prompt_block_hashes(prompt, bs, seed), prompt.num_tokens_estimate
+    return text_route_keys(prompt.text, bs, seed)
 
 
 def _builtin_keys(prompt: Prompt, bs: int, seed: int) -> tuple[list[int], int]:
@@ -202,7 +229,7 @@ class _Upstream:
     """What goes upstream for one request: the client's bytes, or (assembled) the same
     body asking for a stream, encoded once on first use."""
 
-    __slots__ = ("_stream_raw", "blocker", "body", "chat", "raw", "stream")
+    __slots__ = ("_stream_raw", "blocker", "body", "chat", "raw", "stream", "text_bytes")
 
     def __init__(
         self, raw: bytes, body: dict[str, Any], chat: bool, stream: bool, assemble: bool
@@ -215,19 +242,20 @@ class _Upstream:
         elif self.blocker is None:
             self.blocker = assembly_blocker(body, chat)
         self._stream_raw: bytes | None = None
+        self.text_bytes: int | None = None  # of the one text prompt keyed (calibration)
 
     async def for_backend(self, state: RouterState, url: str, model: str | None) -> tuple[
         AnswerPlan, bytes
     ]:  # fmt: skip
         """(how the answer is relayed, the bytes to send) for one attempt on ``url``."""
         if self.blocker is not None or not _speaks_vllm(state, url, model):
-            return WHOLE, self.raw
+            return AnswerPlan(False, self.chat, model, self.text_bytes), self.raw
         if self._stream_raw is None:
             if len(self.raw) >= OFF_LOOP_KEYS_BYTES:
                 self._stream_raw = await asyncio.to_thread(stream_body, self.body)
             else:
                 self._stream_raw = stream_body(self.body)
-        return AnswerPlan(assembled=True, chat=self.chat), self._stream_raw
+        return AnswerPlan(True, self.chat, model, self.text_bytes), self._stream_raw
 
 
 def _speaks_vllm(state: RouterState, url: str, model: str | None) -> bool:

@@ -43,8 +43,16 @@ from kvroute.router.errors import BackendFailed, BackendTimeout
 from kvroute.router.state import NOTE, RouterState
 from kvroute.router.upstream import Deadline, copy_response_headers
 
-_decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
+
+
+class _Usage(msgspec.Struct):
+    """An answer's ``usage`` alone: every other field is skipped, not built."""
+
+    usage: Any = None
+
+
+_decode_usage = msgspec.json.Decoder(_Usage).decode
 
 
 def _headers(resp: aiohttp.ClientResponse, url: str, reason: str, rid: str) -> dict[str, str]:
@@ -61,6 +69,10 @@ class AnswerPlan:
 
     assembled: bool = False  # a stream asked for a non-streaming client: answer one body
     chat: bool = False  # /v1/chat/completions (else /v1/completions): the body's shape
+    model: str | None = None  # the routed model (its bytes per token learn from usage)
+    # UTF-8 bytes of the one text prompt the router keyed (approximate keys); None: the
+    # usage's prompt_tokens teaches nothing (token keys, token ids, a batch)
+    text_bytes: int | None = None
 
 
 WHOLE = AnswerPlan()
@@ -86,9 +98,9 @@ async def relay(
             if plan.assembled:
                 return await _relay_assembled(state, request, resp, ticket, headers, deadline,
                                               plan)  # fmt: skip
-            return await _relay_stream(state, request, resp, ticket, headers, deadline)
+            return await _relay_stream(state, request, resp, ticket, headers, deadline, plan)
         # a whole answer (also an engine's JSON error to an assembled request's stream)
-        return await _relay_whole(state, request, resp, ticket, headers, deadline)
+        return await _relay_whole(state, request, resp, ticket, headers, deadline, plan)
     finally:
         resp.close()  # no-op for the pooled connection once the body was read to EOF
 
@@ -100,6 +112,7 @@ async def _relay_whole(
     ticket: Ticket,
     headers: dict[str, str],
     deadline: Deadline,
+    plan: AnswerPlan,
 ) -> tuple[bool, web.StreamResponse]:
     url, cap = ticket.url, state.config.limits.max_response_bytes
     try:
@@ -114,9 +127,8 @@ async def _relay_whole(
         raise BackendFailed(f"{url} sent an answer over {cap} bytes (limits.max_response_bytes)")
     # the end of a whole answer is not its first token: no prefill rate is learned from
     # it, and its prefill stays queued until finish (issue 10)
-    cached = _cached_tokens(body)
-    if cached is not None:
-        state.fleet.record_cached_tokens(ticket, cached)
+    if resp.status < 300:
+        _learn_usage(state, ticket, plan, _whole_usage(body, plan))
     state.metrics.of(url).ttft.observe(state.clock() - request[NOTE].t0)
     return True, web.Response(body=body, status=resp.status, headers=headers)
 
@@ -150,9 +162,7 @@ async def _relay_assembled(
         raise BackendFailed(f"{url}: answer cut: {type(exc).__name__}") from None
     except AssemblyError as exc:
         raise BackendFailed(f"{url}: {exc}") from None
-    cached = _usage_cached_tokens(assembler.usage)
-    if cached is not None:
-        state.fleet.record_cached_tokens(ticket, cached)
+    _learn_usage(state, ticket, plan, assembler.usage)
     headers["Content-Type"] = "application/json"
     return True, web.Response(body=_encode(answer), status=resp.status, headers=headers)
 
@@ -178,23 +188,36 @@ async def _read_capped(resp: aiohttp.ClientResponse, cap: int) -> bytes | None:
     return b"".join(parts)
 
 
-def _cached_tokens(body: bytes) -> int | None:
-    """``usage.prompt_tokens_details.cached_tokens`` when the engine reports it."""
-    if b'"cached_tokens"' not in body:
+def _whole_usage(body: bytes, plan: AnswerPlan) -> Any:
+    """A whole answer's ``usage``, when it may say something the router uses: cached
+    tokens, or prompt tokens of a text prompt (decoded only then)."""
+    wanted = b'"cached_tokens"' in body or (
+        plan.text_bytes is not None and b'"prompt_tokens"' in body
+    )
+    if not wanted:
         return None
     try:
-        return _usage_cached_tokens(_decode(body).get("usage"))
-    except (msgspec.DecodeError, AttributeError):
+        return _decode_usage(body).usage
+    except msgspec.DecodeError:  # not JSON, or not an object: nothing to learn
         return None
 
 
-def _usage_cached_tokens(usage: Any) -> int | None:
-    """``prompt_tokens_details.cached_tokens`` of a usage object, when it is an int."""
-    try:
-        value = ((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens")
-    except AttributeError:
-        return None
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+def _learn_usage(state: RouterState, ticket: Ticket, plan: AnswerPlan, usage: Any) -> None:
+    """What an answer's usage teaches: the engine's cached tokens (predictions checked)
+    and, for a text prompt, its bytes per token (approximate mode's calibration)."""
+    if not isinstance(usage, dict):
+        return
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    if _is_int(cached):
+        state.fleet.record_cached_tokens(ticket, cached)
+    prompt_tokens = usage.get("prompt_tokens")
+    if plan.text_bytes is not None and _is_int(prompt_tokens):
+        state.fleet.observe_prompt_tokens(plan.model, plan.text_bytes, prompt_tokens)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 async def _relay_stream(
@@ -204,6 +227,7 @@ async def _relay_stream(
     ticket: Ticket,
     headers: dict[str, str],
     total: Deadline,
+    plan: AnswerPlan,
 ) -> tuple[bool, web.StreamResponse]:
     url = ticket.url
     out = web.StreamResponse(status=resp.status, headers=headers)
@@ -228,9 +252,7 @@ async def _relay_stream(
         state.metrics.midstream_failures.labels(url).inc()
         await _write_sse_error(out, exc, relay.tail)
         return False, out
-    cached = _stream_cached_tokens(relay.last)
-    if cached is not None:
-        state.fleet.record_cached_tokens(ticket, cached)
+    _learn_usage(state, ticket, plan, _stream_usage(relay.last))
     try:
         await out.write_eof()
     except ConnectionError:  # the client closed after the last event ([DONE]): not a failure
@@ -321,13 +343,17 @@ def _keep_waiting(state: RouterState, url: str, silent_s: float) -> float:
 _USAGE_TAIL_BYTES = 4096  # a usage chunk is a few hundred bytes
 
 
-def _stream_cached_tokens(tail: bytes) -> int | None:
-    """``cached_tokens`` of the stream's usage chunk (``stream_options.include_usage``)."""
-    if b'"cached_tokens"' not in tail:
+def _stream_usage(tail: bytes) -> Any:
+    """The ``usage`` of the stream's usage chunk (``stream_options.include_usage``, asked
+    by the client), found in the stream's last bytes."""
+    if b'"prompt_tokens"' not in tail:
         return None
     for event in reversed(tail.split(b"\n\n")):
-        if b'"cached_tokens"' in event and event.startswith(b"data: "):
-            return _cached_tokens(event[6:])
+        if b'"prompt_tokens"' in event and event.startswith(b"data: "):
+            try:
+                return _decode_usage(event[6:]).usage
+            except msgspec.DecodeError:
+                return None
     return None
 
 
