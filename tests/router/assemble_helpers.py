@@ -108,7 +108,8 @@ class VllmLike:
             if s.gap_s:
                 await asyncio.sleep(s.gap_s)
             return web.json_response(s.whole)
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
+        # spelled as uvicorn (vLLM's server) sends it
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream; charset=utf-8"})
         await resp.prepare(request)
         for i, event in enumerate(s.events):
             if i == 0 and s.hold_first is not None:
