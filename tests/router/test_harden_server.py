@@ -206,3 +206,38 @@ def test_server_section_from_yaml_and_flags(tmp_path: Path) -> None:
     cfg.write_text("server:\n  read_timeout: 3\n")
     with pytest.raises(ValueError, match="server: unknown keys"):
         load_config(cfg)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"POST /v1/completions HTTP/1.1\r\nHost: r\r\nx-request-id: a\x7fb\r\n"
+        b"Content-Length: 2\r\n\r\n{}",
+        b"GET /health HTTP/1.1\r\nHost: r\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+        b"BREW /pot HTTP/1.1\x00\r\n\r\n",
+    ],
+    ids=["control-byte-in-header", "two-content-lengths", "bad-request-line"],
+)
+async def test_requests_the_parser_refuses_get_an_openai_error_and_one_log_line(
+    harness: Harness, raw: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    """aiohttp answers these itself: text/plain, a traceback at ERROR per request (a log
+    flood anyone can cause) and its version in ``Server``."""
+    import json
+
+    b = await harness.backend("b")
+    async with serving([b.url]) as ls:
+        reader, writer = await connect(ls)
+        writer.write(raw)
+        data = await until_closed(reader)
+        writer.close()
+        head, _, body = data.partition(b"\r\n\r\n")
+        assert head.startswith((b"HTTP/1.0 400", b"HTTP/1.1 400")), data[:200]
+        assert b"Server: kvroute" in head and b"aiohttp" not in head
+        assert json.loads(body)["error"]["code"] == "bad_http_request"
+        assert not [r for r in caplog.records if r.levelname == "ERROR"]
+        reader, writer = await connect(ls)  # the listener still serves
+        writer.write(HEALTH)
+        served = await read_response(reader)
+        assert served.startswith(b"HTTP/1.1 200") and b"Server: kvroute" in served
+        writer.close()

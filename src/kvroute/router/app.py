@@ -29,7 +29,7 @@ from kvroute.router.config import RouterConfig, backend_public_id
 from kvroute.router.errors import KvrouteError, error_bytes
 from kvroute.router.health import health_loop, make_probe_session, probe_all
 from kvroute.router.kv_subscriber import KvEventSubscriber
-from kvroute.router.listener import listener_middleware
+from kvroute.router.listener import listener_middleware, server_header
 from kvroute.router.metrics import BackendCollector, ProcessCollector, RouterMetrics
 from kvroute.router.proxy import CHAT_PATH, COMPLETIONS_PATH, handle_chat, handle_completions
 from kvroute.router.scraper import scrape_loop
@@ -133,6 +133,7 @@ def make_app(
     app.router.add_get("/metrics", handle_metrics)
     app.router.add_get("/", handle_status_page)
     admin.add_routes(app)
+    app.on_response_prepare.append(server_header)
     if not config.expose_backend_urls:
         app.on_response_prepare.append(_hide_backend_header)
     app.cleanup_ctx.append(_lifecycle)

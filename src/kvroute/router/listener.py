@@ -18,6 +18,11 @@ while the one before it was handled: its header clock never started).
 Cost: one extra Python call per received chunk, a dict lookup and two attribute writes
 per request, and a sweep over the open connections per tick (at most once a second).
 
+Requests aiohttp's own parser refuses (a control byte in a header, a bad request line)
+are answered by ``ApiRequestHandler``: a 4xx in the OpenAI error shape, logged as one line
+at INFO, where aiohttp answers text/plain and logs a traceback at ERROR per request (a log
+flood anyone can cause). No response names the server's software and version.
+
 Listener roles: "all" (a single listener serves everything), or, with
 ``server.admin_port`` set, "api" (the API and /health) and "admin" ("/", "/metrics",
 "/admin/..." and /health); each role answers 404 for the other's paths.
@@ -46,6 +51,7 @@ from kvroute.router.state import STATE
 log = logging.getLogger("kvroute.router.listener")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
+SERVER_HEADER = "kvroute"  # instead of aiohttp's "Python/3.x aiohttp/3.x.y"
 ADMIN_MAX_CONNECTIONS = 128  # the admin listener's own cap: a flood of the API leaves it be
 _BUSY_BODY = error_bytes(
     "too many client connections; retry later", "api_error", "too_many_connections"
@@ -127,6 +133,49 @@ class GuardedProtocol(asyncio.Protocol):
             self.handler.resume_writing()
 
 
+class ApiRequestHandler(RequestHandler):
+    """aiohttp's connection handler, with the errors it answers itself (requests its
+    parser refused) in the OpenAI shape and logged without a traceback; a 5xx (a bug)
+    keeps aiohttp's handling and its traceback."""
+
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        if status >= 500:
+            return super().handle_error(request, status, exc, message)
+        reason = (getattr(exc, "message", None) or message or "").strip()
+        log.info("malformed request from %s: %d %s", request.remote, status, reason[:200])
+        if request.writer.output_size > 0:
+            raise ConnectionError("a response was sent already; closing the connection")
+        body = error_bytes(
+            f"malformed HTTP request: {reason.splitlines()[0] if reason else status}",
+            "invalid_request_error",
+            "bad_http_request",
+        )
+        resp = web.Response(
+            status=status,
+            body=body,
+            content_type="application/json",
+            headers={"Server": SERVER_HEADER},
+        )
+        resp.force_close()
+        return resp
+
+
+def make_request_handler(server: web.Server) -> RequestHandler:
+    """What ``server()`` makes, as an ApiRequestHandler (with the runner's settings)."""
+    return ApiRequestHandler(server, loop=server._loop, **server._kwargs)
+
+
+async def server_header(request: web.Request, response: web.StreamResponse) -> None:
+    """An on_response_prepare hook: every response names kvroute, not its stack."""
+    response.headers["Server"] = SERVER_HEADER
+
+
 class ConnectionGuard:
     """The open client connections of one process, their caps and deadlines."""
 
@@ -144,7 +193,7 @@ class ConnectionGuard:
 
     def factory(self, server: web.Server, role: str) -> Callable[[], GuardedProtocol]:
         """The protocol factory of a listener with this role."""
-        return lambda: GuardedProtocol(self, server, role)
+        return lambda: GuardedProtocol(self, lambda: make_request_handler(server), role)
 
     def admit(self, conn: GuardedProtocol) -> bool:
         role = conn.role
