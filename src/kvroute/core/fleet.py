@@ -394,6 +394,17 @@ class Fleet:
             b.healthy = healthy
             self._membership_changed(b)
 
+    def forget_cache(self, url: str) -> None:
+        """The engine may have restarted (it was unreachable, now answers again): its
+        prefix cache is presumably empty, so the approximate model of it starts empty too,
+        rather than sending prompts there for hits it no longer has. An exact view is left
+        to the engine's events, which say what it holds (a restarted engine's new stream
+        replaces the view)."""
+        b = self._get(url)
+        if self.sync.is_exact(url):
+            return
+        self.index.replace_model(url, LruCacheModel(self._key_capacity(b)))
+
     def set_draining(self, url: str, draining: bool) -> None:
         b = self._get(url)
         if b.draining != draining:

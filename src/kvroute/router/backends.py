@@ -43,6 +43,7 @@ class FleetLike(Protocol):
     def set_models(self, url: str, models: Any) -> None: ...
     def set_healthy(self, url: str, healthy: bool) -> None: ...
     def set_draining(self, url: str, draining: bool) -> None: ...
+    def forget_cache(self, url: str) -> None: ...
 
 
 @dataclass(slots=True)
@@ -52,6 +53,7 @@ class BackendRuntime:
     config: BackendConfig
     breaker: CircuitBreaker
     probe_ok: bool = False  # verdict of the active health checks
+    ever_healthy: bool = False  # probe_ok was True once (a later recovery may be a restart)
     probe_failures: int = 0  # consecutive failed probes
     probe_successes: int = 0  # consecutive good probes
     models: tuple[str, ...] = ()  # ids from /v1/models, empty until discovered
@@ -153,6 +155,9 @@ class Backends:
             if not rt.probe_ok and rt.probe_successes >= self._health.healthy_after:
                 rt.probe_ok = True
                 rt.breaker.reset()  # a recovered backend starts with a clean slate
+                if rt.ever_healthy:  # back after failed probes: maybe a restarted engine
+                    self._fleet.forget_cache(url)
+                rt.ever_healthy = True
         else:
             rt.last_error = error
             rt.probe_successes = 0
