@@ -102,6 +102,16 @@ def test_holder_keeps_its_prefix_within_the_margin(
     assert decision.ranked[0] == decision.backend
 
 
+def test_a_short_shared_head_is_placed_on_cost_alone():
+    # 8 cached blocks of a 40-block prompt: mostly a new prompt, so no margin protects the
+    # holder of its head; where the 32 new blocks go is what matters (as for a cold one).
+    view = FakeView({A: 0.040, B: 0.0, C: 0.0}, {A: SHORT})
+    request = RouteRequest("r", None, chain((1, SHORT), (2, 32)), (SHORT + 32) * BS + 5, 16)
+    decision = PrefixPolicy().choose(request, view, 0.0)  # type: ignore[arg-type]
+    assert decision is not None
+    assert decision.backend in (B, C) and decision.reason == "load"
+
+
 def test_a_diversion_between_equal_targets_follows_rendezvous_order():
     decision = decide(1.0)
     request_key = chain((1, SHORT), (2, 1))[SHORT]  # the first uncached block on the holder
@@ -129,6 +139,7 @@ def test_the_margin_can_be_turned_off():
         ("divert_margin_fraction", 5.0),
         ("divert_recompute_share", -1.0),
         ("divert_recompute_share", 5.0),
+        ("divert_min_cached_share", 1.5),
     ],
 )
 def test_bad_margin_config_raises_value_error_naming_the_field(field, value):
