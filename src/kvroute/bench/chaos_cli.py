@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kvroute.bench.chaos import FAULT_KINDS, ChaosConfig, ChaosResult, run_chaos, write_report
+from kvroute.bench.hardening import exit_on_sigterm
 
 
 def _kinds(text: str) -> tuple[str, ...]:
@@ -50,6 +51,7 @@ def main(args: argparse.Namespace) -> int:
     config = ChaosConfig(duration_s=args.duration, seed=args.seed, backends=args.backends,
                          users=args.users, kinds=args.kinds, out=args.out)  # fmt: skip
     console = Console()
+    exit_on_sigterm()
     result = asyncio.run(run_chaos(config, notify=console.print))
     path = write_report(result)
     for table in report_tables(result):

@@ -45,6 +45,13 @@ def _kill_survivors() -> None:
                 os.killpg(proc.pid, signal.SIGKILL)
 
 
+def exit_on_sigterm() -> None:
+    """SIGTERM (a CI job's timeout, ``kill``) ends the harness like Ctrl-C does, so its
+    ``finally`` blocks and ``_kill_survivors`` stop the simulators and router it started
+    (the default action would leave them running)."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+
+
 class SimProcess:
     """One simulated backend in its own process, restartable on the same ports."""
 

@@ -16,6 +16,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from kvroute.bench.hardening import exit_on_sigterm
 from kvroute.bench.soak import Sample, SoakConfig, SoakResult, run_soak, write_outputs
 
 
@@ -67,6 +68,7 @@ def main(args: argparse.Namespace) -> int:
             f"{s.num_done:7d} {s.num_failed:6d}"
         )
 
+    exit_on_sigterm()
     result = asyncio.run(run_soak(config, notify))
     paths = write_outputs(result)
     console.print(verdict_table(result))
