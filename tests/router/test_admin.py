@@ -135,6 +135,7 @@ async def test_health_metrics_and_status_page(harness: Harness) -> None:
         "kvroute_backend_in_flight_requests",
         "kvroute_backend_circuit_state",
         "kvroute_backend_predicted_hit_rate",
+        "kvroute_backend_hot_blocks",
         "kvroute_index_blocks",
     ):
         assert name in text, name

@@ -4,7 +4,8 @@
            + queued_prefill_tokens_ahead / rate              (queue wait)
            + max(min_prefill_s, work_tokens / rate)          (this request's prefill)
            + kv_full_wait_s * kv_shortage                    (admission wait for KV blocks)
-           + evicted_reuse_fraction * evicted_tokens / rate  (recompute it causes later)
+           + (evicted_hot_factor * evicted_hot_tokens        (recompute it causes later)
+              + evicted_reuse_fraction * other evicted tokens) / rate
 
     work_tokens = uncached + attention_tokens_per_pair * uncached * (cached + uncached / 2)
 
@@ -22,11 +23,21 @@ hits whenever KV usage was high; on the 40 GB 13B profile, where one long prefix
 replica, that sent a third of the traffic away from its cached prefix and thrashed.)
 
 The last term is not this request's time but the time it costs later requests: the
-blocks it adds to a full cache evict as many cached blocks, and a share of those
-(``evicted_reuse_fraction``) would have been hit again. It makes a cold prompt prefer a
-replica with free cache over a full one holding other prefixes (so the fleet's total
-cache is used, instead of piling new prefixes onto whichever replica shares a first
-block), and keeps overflow of a long prefix from flushing another replica's prefix
+blocks it adds to a full cache evict as many cached blocks. What that costs depends on
+which blocks go. Hot ones (``evicted_hot_tokens``: the part of the backend's working set
+of reused blocks, core/working_set.py, that no longer fits beside this prompt) are
+computed again when their prefix returns, and that recompute delays whoever queues behind
+it on the same backend: charged twice (``evicted_hot_factor``), as a diversion's
+recompute is (core/policy/prefix.py). That is a floor: while the working set stays over
+the capacity, the overflow is recomputed again on every reuse cycle. Of the others
+(leftovers never reused, prefixes placed but not yet reused) only a share
+(``evicted_reuse_fraction``) would have been hit again. Since engines keep freed blocks
+cached, every cache is full in steady state and evicts as many blocks per new one: only
+the split tells a cache full of prefixes in use from one full of leftovers. It makes a
+cold prompt prefer a replica with free cache, then one whose cache holds leftovers, over
+one whose prefixes in use fill it (so the fleet's cache holds the working set, instead
+of piling new prefixes onto whichever replica's queue is a few ms shorter and thrashing
+it), and keeps overflow of a long prefix from flushing another replica's prefixes
 unless the queue it avoids is worth more.
 
 Token counts enter through ``clamp_count`` (core/load.py), so a client's absurd number
@@ -62,6 +73,8 @@ class CostConfig:
     min_prefill_s: float = 0.005  # floor of a prefill: one forward pass, even on a full hit
     kv_full_wait_s: float = 1.0  # admission wait when a whole cache's worth of KV is missing
     evicted_reuse_fraction: float = 0.2  # share of evicted cached tokens recomputed later
+    # evicted hot tokens (reused recently on that backend) cost this x their prefill time
+    evicted_hot_factor: float = 2.0
     # A request leaves the holder of its prefix only when the other backend's estimate plus
     # ``divert_recompute_share`` x the recompute the move causes there is lower than the
     # holder's by max(divert_margin_s, divert_margin_fraction x holder's estimate)
@@ -123,24 +136,30 @@ def estimate_ttft_s(
     kv_capacity_tokens: float = 0.0,
     decode_tokens: int = 0,
     evicted_tokens: float = 0.0,
+    evicted_hot_tokens: float = 0.0,
 ) -> float:
     """Estimated TTFT in seconds of a request on one backend (module docstring).
 
     ``kv_free_tokens``: KV the engine could give this request now (capacity minus blocks
     pinned by running requests minus prefills queued ahead); ``decode_tokens``: the KV its
-    output will add; ``evicted_tokens``: cached tokens its new blocks push out.
+    output will add; ``evicted_tokens``: cached tokens its new blocks push out, of which
+    ``evicted_hot_tokens`` (at most all) belong to the backend's working set.
     """
     num_prompt_tokens = clamp_count(num_prompt_tokens)
     cached = max(0, min(clamp_count(cached_tokens), num_prompt_tokens - 1))
     uncached = max(0, num_prompt_tokens - cached)
     decode_tokens = clamp_count(decode_tokens)
     evicted_tokens = clamp_count(evicted_tokens)
+    evicted_hot_tokens = min(clamp_count(evicted_hot_tokens), evicted_tokens)
     queue_wait_s = clamp_count(queued_prefill_tokens) / prefill_tokens_per_s
     prefill_s = max(
         config.min_prefill_s, work_tokens(uncached, cached, config) / prefill_tokens_per_s
     )
     shortage = kv_shortage(uncached + decode_tokens, kv_free_tokens, kv_capacity_tokens)
-    eviction_s = config.evicted_reuse_fraction * evicted_tokens / prefill_tokens_per_s
+    recomputed = config.evicted_hot_factor * evicted_hot_tokens + config.evicted_reuse_fraction * (
+        evicted_tokens - evicted_hot_tokens
+    )
+    eviction_s = recomputed / prefill_tokens_per_s
     wait_s = config.kv_full_wait_s * shortage
     return config.overhead_s + queue_wait_s + prefill_s + wait_s + eviction_s
 

@@ -9,6 +9,12 @@ load counted, blocks recorded in the index) -> ``on_first_token`` (prefill done;
 rate learns) -> ``finish`` (load released, exactly once). Scraped engine metrics come in
 through ``update_engine_stats``. Time is always an argument; nothing here does I/O.
 
+Each dispatch also teaches its backend's working set (core/working_set.py): the blocks
+its requests reuse. The cost model charges a placement for the part of that set its new
+blocks would push out of the cache (core/cost.py), in both modes: the cache model says
+how full the cache is, the router's own record of what its requests reused says what
+the eviction destroys.
+
 Approximate mode keys text in blocks of ``block_size * 4`` bytes. The engines' own bytes
 per token, learned from their usage (``observe_prompt_tokens``; core/calibration.py),
 scale what such a key block stands for: a prompt's tokens (``prompt_tokens_estimate``),
@@ -48,6 +54,7 @@ from kvroute.core.policy.base import (
     RouteRequest,
     cached_tokens_for,
 )
+from kvroute.core.working_set import WorkingSet
 from kvroute.engine.kv_events import BlockStored, KvEvent
 
 
@@ -185,6 +192,9 @@ class BackendState:
     # key blocks (capacity_blocks x bytes_per_token / 4)
     bytes_per_token: float = float(CHARS_PER_TOKEN)
     key_capacity_blocks: int = 0
+    # key blocks its requests reused within its cache's last turnover (its working set,
+    # core/working_set.py; evicting them costs more than evicting others)
+    hot_blocks: int = 0
 
 
 class _Backend:
@@ -209,6 +219,7 @@ class _Backend:
         "tiebreak",
         "url",
         "weight",
+        "working_set",
     )
 
     def __init__(
@@ -235,6 +246,7 @@ class _Backend:
         self.num_dispatched = 0
         self.num_failed = 0
         self.tiebreak = xxhash.xxh3_64_intdigest(url.encode())
+        self.working_set = WorkingSet()  # blocks its requests reuse (the eviction cost)
 
     def groups(self) -> tuple[Group, ...]:
         return (_ALL, *sorted(self.models)) if self.models else (_ALL, _WILD)
@@ -529,7 +541,8 @@ class Fleet:
         b = self._get(decision.backend)
         req = _bounded(req)
         self.sync.expire(now)
-        cached = self.predicted_cached_tokens(b.url, req)
+        num_held = self.index.matched_blocks(b.url, req.block_hashes)
+        cached = self._cached_tokens(b, req, num_held)
         ticket = Ticket(
             ticket_id=self._next_ticket + 1,
             url=b.url,
@@ -560,6 +573,7 @@ class Fleet:
             for listener in self.listeners:
                 listener.on_dispatch(ticket, decision, req, now)
                 told += 1
+            self._touch_working_set(b, req.block_hashes, num_held)
         except BaseException:
             self._undo_dispatch(b, ticket, means_before, now, told)
             raise
@@ -584,9 +598,20 @@ class Fleet:
     def predicted_cached_tokens(self, url: str, req: RouteRequest) -> int:
         """Tokens of ``req`` the cache model of ``url`` holds, as the engine would report them."""
         b = self._get(url)
-        blocks = self.index.matched_blocks(url, req.block_hashes)
+        return self._cached_tokens(b, req, self.index.matched_blocks(url, req.block_hashes))
+
+    def _cached_tokens(self, b: _Backend, req: RouteRequest, num_held: int) -> int:
         bs = self.key_block_tokens(req.model, b.block_size or self.config.default_block_size)
-        return cached_tokens_for(blocks, req.num_prompt_tokens, bs)
+        return cached_tokens_for(num_held, req.num_prompt_tokens, bs)
+
+    def _touch_working_set(self, b: _Backend, keys: Sequence[int], num_held: int) -> None:
+        """``b``'s working set learns a dispatch: its window is the cache model's capacity
+        (one turnover), its size at most twice that and at most an equal share of the
+        index's cap (so all of them together stay under it)."""
+        window = self.index.url_to_model[b.url].capacity_blocks
+        share = self.config.max_index_entries // max(1, len(self._backends))
+        num_added = max(0, min(len(keys), window) - num_held)
+        b.working_set.touch(keys, num_added, window, max(1, min(2 * window, share)))
 
     def on_first_token(self, ticket: Ticket, now: float, cached_tokens: int | None = None) -> None:
         """Prefill done: release queued prefill tokens, learn the prefill rate (once)."""
@@ -836,6 +861,7 @@ class Fleet:
             num_reported_exact=b.reported[4],
             bytes_per_token=self._backend_bytes_per_token(b),
             key_capacity_blocks=key_capacity,
+            hot_blocks=b.working_set.num_hot,
         )
 
     def check_invariants(self) -> None:
@@ -849,6 +875,7 @@ class Fleet:
         assert listed == self._model_refs, "fleet: listed-model counts"
         for url, b in self._backends.items():
             b.load.check_invariants()
+            b.working_set.check_invariants()
             tickets = b.open_tickets.values()
             assert b.load.in_flight_requests == len(tickets), "fleet: requests != open tickets"
             assert b.load.decode_tokens == sum(t.decode_tokens for t in tickets), "fleet: decode"
@@ -955,10 +982,17 @@ class _View:
         bs = fleet.key_block_tokens(request.model, b.block_size or fleet.config.default_block_size)
         model = fleet.index.url_to_model[url]
         capacity_tokens = model.capacity_blocks * bs
-        # Blocks this request adds to the cache push out as many held ones once it is full.
-        held = len(model)
+        # Blocks this request adds to the cache push out as many held ones once it is full;
+        # hot ones go when the working set, this prompt in it, no longer fits.
+        held, capacity = len(model), model.capacity_blocks
         new_blocks = max(0, request.num_prompt_tokens - cached_tokens) // bs
-        evicted_blocks = min(held, max(0, held + new_blocks - model.capacity_blocks))
+        evicted_blocks = min(held, max(0, held + new_blocks - capacity))
+        hot_blocks = 0
+        if evicted_blocks:
+            ws = b.working_set
+            keys = request.block_hashes
+            joining = max(0, min(len(keys), capacity) - ws.num_hot_leading(keys))
+            hot_blocks = min(evicted_blocks, max(0, ws.num_hot + joining - capacity))
         # Pinned KV from the engine's gauge (0 until scraped); our queued prefills will
         # claim their uncached blocks on top of it.
         pinned_tokens = (b.kv_cache_usage or 0.0) * capacity_tokens
@@ -973,4 +1007,5 @@ class _View:
             kv_capacity_tokens=capacity_tokens,
             decode_tokens=request.max_tokens,
             evicted_tokens=evicted_blocks * bs,
+            evicted_hot_tokens=hot_blocks * bs,
         )

@@ -164,6 +164,8 @@ class BackendCollector(Collector):
         "kvroute_backend_predicted_hit_rate": "Router-predicted cached / prompt tokens",
         "kvroute_backend_measured_hit_rate": "Engine-measured prefix hit rate since start",
         "kvroute_backend_index_blocks": "Blocks the router's index holds for the backend",
+        "kvroute_backend_hot_blocks": "Blocks the backend's requests reused within its cache's "
+        "last turnover (its working set: evicting them costs a recompute)",
         "kvroute_backend_router_in_flight_requests": "Requests this router has in flight there "
         "(its own count; in_flight_requests is merged with the engine's gauges)",
         "kvroute_backend_kv_exact": "1 while the router's view comes from the engine's KV events",

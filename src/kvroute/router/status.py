@@ -84,6 +84,7 @@ def _engine_row(
         if fs
         else None,
         "kvroute_backend_index_blocks": fs.index_blocks if fs else None,
+        "kvroute_backend_hot_blocks": fs.hot_blocks if fs else None,
     }
 
 
@@ -108,6 +109,7 @@ _COLUMNS = (
     ("queue", "kvroute_backend_engine_waiting", False),
     ("KV usage", "kvroute_backend_engine_kv_usage", True),
     ("index blocks", "kvroute_backend_index_blocks", False),
+    ("hot blocks", "kvroute_backend_hot_blocks", False),
     ("KV events", "kvroute_backend_kv_events", False),
     ("event lag s", "kvroute_backend_kv_lag_seconds", False),
     ("gaps", "kvroute_backend_kv_gaps", False),

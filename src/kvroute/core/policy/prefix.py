@@ -27,9 +27,13 @@ class PrefixPolicy(Policy):
     spread over the whole fleet's cache even when many backends are equally idle, and
     every router process picks the same homes). Each is scored by the cost model:
     queued prefill ahead / its learned prefill rate + this request's uncached work / that
-    rate (+ attention, KV pressure, overhead), in seconds.
+    rate (+ attention, KV pressure, overhead), in seconds, plus the recompute its new
+    blocks cause later by evicting others: dear when they push out the backend's working
+    set of reused blocks, cheap when they push out leftovers (core/cost.py).
 
-    With no holder, the cheapest wins ("cold"). With holders, the cheapest holder of the
+    With no holder, the cheapest wins ("cold"): a new prefix goes where the cache has
+    room, else where its evictions destroy least, unless the queue it avoids is worth
+    more. With holders, the cheapest holder of the
     deepest match is the home ("prefix"). If the home's hit is less than
     ``divert_min_cached_share`` (half) of the prompt, the request is mostly new and the
     cheapest candidate wins, as a cold one would: where its new blocks go (and what they
@@ -64,8 +68,8 @@ class PrefixPolicy(Policy):
     long cold prompts, since it decides per request and never delays one.
 
     Inputs: index (holders, match depth), load (queued prefill tokens), cost (rates, the
-    margin's knobs in ``CostConfig``). Knobs: ``num_least_loaded`` (3), ``max_holders``
-    (4), ``num_hashed`` (2), ``ranked_limit`` (8).
+    backends' working sets, the margin's knobs in ``CostConfig``). Knobs:
+    ``num_least_loaded`` (3), ``max_holders`` (4), ``num_hashed`` (2), ``ranked_limit`` (8).
     """
 
     name = "prefix"
