@@ -13,7 +13,12 @@ payload]`` frames until ``seq == -1``. If the replay cannot fill the gap (no end
 no answer, or the buffer no longer reaches back), the core falls back to the
 approximate model for that backend until the engine's next ``AllBlocksCleared``. At
 start, a backend with a replay endpoint is synced from seq 0 the same way, so a router
-that starts after its engines does not wait for a reset.
+that starts after its engines does not wait for a reset. An answer can stop short,
+without its end marker: vLLM's ROUTER drops what passes its send high-water mark (1,000
+messages) when the reader is slower than the sender, so a long history comes in pieces.
+What came is still the history in order: the subscriber asks again from where it
+stopped as long as each answer brings more (before, it kept the view of an old point of
+the history: a router started after ~10k batches routed on blocks long evicted).
 
 The request path never waits on events: receiving is ``zmq.asyncio``; a batch is decoded
 a slice of events at a time and applied in parts of at most ``slice_blocks`` blocks
@@ -26,7 +31,7 @@ that fails to decode (``KvEventLimits``) or to apply is skipped and counted
 approximate as after an unfilled gap. If the feed task fails anyway (a socket error), it
 is logged and restarted with exponential backoff (``num_feed_restarts``); a run that
 received nothing also drops the view. Queued memory is at most ``rcv_hwm`` messages of
-``max_message_bytes`` per backend.
+``max_message_bytes`` per socket: a backend's SUB, and its DEALER during a replay.
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ MAX_MESSAGE_BYTES = 16 << 20  # ZMQ_MAXMSGSIZE: real batches stay under 1 MB
 RCV_HWM = 10_000  # messages queued per SUB before ZMQ drops (shows as a gap)
 SLICE_BLOCKS = 2048  # blocks decoded or applied between two yields to the loop
 RESTART_BACKOFF_S = (0.1, 10.0)  # first and longest wait before restarting a failed feed
+REPLAY_IDLE_S = 0.25  # silence mid-replay that means the answer was cut short
 STABLE_RUN_S = 30.0  # a run this long resets the backoff
 
 
@@ -387,29 +393,48 @@ class KvEventSubscriber:
     async def _replay(self, feed: _Feed, start: int) -> int:
         """Ask the engine for batches ``>= start`` and apply them; returns how many came.
 
-        A buffer that no longer reaches back to ``start`` leaves a gap: the backend goes
-        approximate and the stream continues from the first batch the buffer still has.
+        An answer cut short (no end marker) is resumed from the next batch the view needs,
+        as long as each answer brings some (module doc). A buffer that no longer reaches
+        back to ``start`` leaves a gap: the backend goes approximate and the stream
+        continues from the first batch the buffer still has.
         """
+        received = 0
+        while True:
+            got, complete = await self._replay_once(feed, start)
+            received += got
+            resume = self.fleet.kv_next_seq(feed.url)
+            if complete or not got or resume is None or resume <= start:
+                return received
+            start = resume
+
+    async def _replay_once(self, feed: _Feed, start: int) -> tuple[int, bool]:
+        """One replay request: (batches received, whether the end marker came)."""
         assert self._ctx is not None and feed.replay_endpoint is not None
         feed.num_replays += 1
         sock = self._socket(zmq.DEALER)
+        sock.setsockopt(zmq.RCVHWM, self._rcv_hwm)  # queue what the engine sends at once
         sock.connect(feed.replay_endpoint)
         received = 0
         try:
             await sock.send_multipart((b"", start.to_bytes(8, "big")))
             while True:
-                frames = await asyncio.wait_for(sock.recv_multipart(), self._replay_timeout_s)
+                # the first frame may wait for a busy engine; then they come back to back
+                timeout_s = self._replay_timeout_s
+                if received:
+                    timeout_s = min(timeout_s, REPLAY_IDLE_S)
+                frames = await asyncio.wait_for(sock.recv_multipart(), timeout_s)
                 if len(frames) < 2 or len(frames[-2]) != 8:
                     feed.num_bad += 1
                     continue
                 seq = int.from_bytes(frames[-2], "big", signed=True)
                 if seq == END_SEQ:
-                    break
+                    return received, True
                 received += 1
                 await self._handle(feed, seq, frames[-1], replay=False)
                 await asyncio.sleep(0)
         except TimeoutError:
-            log.warning("KV event replay from %s timed out", feed.replay_endpoint)
+            if not received:
+                log.warning("KV event replay from %s timed out", feed.replay_endpoint)
         finally:
             sock.close(linger=0)
-        return received
+        return received, False

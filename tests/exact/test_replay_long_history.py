@@ -1,0 +1,76 @@
+"""A late router whose replay is longer than the engine sends in one answer.
+
+vLLM serves replays from a ROUTER socket, which drops what passes its send high-water
+mark (1,000 messages) when the reader is slower than the sender: a long history arrives
+cut short, without its end marker. On the real-vLLM run of issue 10, by the fourth
+repetition the history held ~10k batches and a fresh exact router kept the view of an
+old point of it: its first decisions were hits on prompts the engine no longer held,
+and it put four of six prompts on one engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import zmq
+import zmq.asyncio
+
+from kvroute.core.fleet import Fleet, FleetConfig
+from kvroute.core.policy import make_policy
+from kvroute.engine.kv_events import AllBlocksCleared
+from kvroute.router.kv_subscriber import KvEventSubscriber
+from kvroute.sim.kv_publisher import END_SEQ, KvEventPublisher
+from tests.conftest import until
+from tests.exact.helpers import BS, router_keys, stored, tokens
+
+CUT = 400  # batches one replay answer carries before the rest is dropped
+
+
+async def serve_cut_replays(sock: zmq.asyncio.Socket, pub: KvEventPublisher) -> None:
+    """Answer each replay request with at most CUT batches, and the end marker only when
+    nothing was left out (what a ROUTER past its high-water mark delivers)."""
+    while True:
+        client, _, start = await sock.recv_multipart()
+        due = [(s, p) for s, p in pub._buffer if s >= int.from_bytes(start, "big")]
+        for seq, payload in due[:CUT]:
+            await sock.send_multipart((client, b"", seq.to_bytes(8, "big"), payload))
+        if len(due) <= CUT:
+            await sock.send_multipart((client, b"", END_SEQ, b""))
+
+
+async def test_a_replay_cut_short_is_resumed_until_the_engines_state():
+    # The publisher buffers for replay; our ROUTER serves the buffer cut short.
+    pub = KvEventPublisher("tcp://127.0.0.1:0", replay_endpoint="tcp://127.0.0.1:0")
+    ctx = zmq.asyncio.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.bind("tcp://127.0.0.1:*")
+    replay = router.getsockopt_string(zmq.LAST_ENDPOINT)
+    server = asyncio.get_running_loop().create_task(serve_cut_replays(router, pub))
+    url = "http://engine:8000"
+    fleet = Fleet(make_policy("prefix"), FleetConfig(default_block_size=BS, mode="exact"))
+    fleet.add_backend(url)
+    old, new = tokens((1, 3)), tokens((2, 3))
+    for i in range(3 * CUT):  # earlier runs: prompts stored, caches reset
+        pub.publish([stored(old) if i % 2 == 0 else AllBlocksCleared()])
+    pub.publish([stored(old)])
+    pub.publish([AllBlocksCleared()])  # the reset before this router started
+    pub.publish([stored(new)])
+    last = pub._seq - 1
+    sub = KvEventSubscriber(fleet, {url: pub.endpoint}, {url: replay}, replay_timeout_s=0.5)
+    await sub.start()
+    try:
+        await until(lambda: (sub.status(url).last_seq or -1) == last, timeout_s=20.0)
+        assert fleet.is_exact(url)
+        assert fleet.index.matched_blocks(url, router_keys(old)) == 0  # cleared since
+        assert fleet.index.matched_blocks(url, router_keys(new)) == 3
+        fleet.check_invariants()
+    finally:
+        await sub.stop()
+        server.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await server
+        router.close()
+        ctx.term()
+        await pub.close()
