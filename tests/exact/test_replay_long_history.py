@@ -1,4 +1,4 @@
-"""A late router whose replay is longer than the engine sends in one answer.
+"""A late router whose replay comes in pieces: cut short, or with batches lost in transit.
 
 vLLM serves replays from a ROUTER socket, which drops what passes its send high-water
 mark (1,000 messages) when the reader is slower than the sender: a long history arrives
@@ -66,6 +66,61 @@ async def test_a_replay_cut_short_is_resumed_until_the_engines_state():
         assert fleet.index.matched_blocks(url, router_keys(old)) == 0  # cleared since
         assert fleet.index.matched_blocks(url, router_keys(new)) == 3
         fleet.check_invariants()
+    finally:
+        await sub.stop()
+        server.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await server
+        router.close()
+        ctx.term()
+        await pub.close()
+
+
+async def serve_lossy_replays(sock: zmq.asyncio.Socket, pub: KvEventPublisher, lose: set[int]):
+    """Answer each replay request in full, except that each batch in ``lose`` is lost in
+    transit the first time it is due (a ROUTER past its high-water mark drops a message
+    and sends the next ones once its queue drains)."""
+    while True:
+        client, _, start = await sock.recv_multipart()
+        for seq, payload in list(pub._buffer):
+            if seq < int.from_bytes(start, "big"):
+                continue
+            if seq in lose:
+                lose.discard(seq)
+                continue
+            await sock.send_multipart((client, b"", seq.to_bytes(8, "big"), payload))
+        await sock.send_multipart((client, b"", END_SEQ, b""))
+
+
+async def test_a_batch_lost_inside_a_replay_is_asked_for_again():
+    # The lost batch is the reset before this router started: taken as a gap for good,
+    # the view fell back to the blocks before it (the previous run's prompts) and kept
+    # them until the next reset, the first requests were 'prefix' on the wrong engine.
+    pub = KvEventPublisher("tcp://127.0.0.1:0", replay_endpoint="tcp://127.0.0.1:0")
+    ctx = zmq.asyncio.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.bind("tcp://127.0.0.1:*")
+    replay = router.getsockopt_string(zmq.LAST_ENDPOINT)
+    old, new = tokens((1, 3)), tokens((2, 3))
+    for i in range(20):
+        pub.publish([stored(old) if i % 2 == 0 else AllBlocksCleared()])
+    pub.publish([stored(old)])
+    reset = pub._seq
+    pub.publish([AllBlocksCleared()])
+    pub.publish([stored(new)])
+    last = pub._seq - 1
+    server = asyncio.get_running_loop().create_task(serve_lossy_replays(router, pub, {reset}))
+    url = "http://engine:8000"
+    fleet = Fleet(make_policy("prefix"), FleetConfig(default_block_size=BS, mode="exact"))
+    fleet.add_backend(url)
+    sub = KvEventSubscriber(fleet, {url: pub.endpoint}, {url: replay}, replay_timeout_s=0.5)
+    await sub.start()
+    try:
+        await until(lambda: (sub.status(url).last_seq or -1) == last)
+        assert fleet.is_exact(url) and sub.status(url).num_gaps == 0
+        assert fleet.index.matched_blocks(url, router_keys(old)) == 0
+        assert fleet.index.matched_blocks(url, router_keys(new)) == 3
     finally:
         await sub.stop()
         server.cancel()

@@ -16,9 +16,13 @@ start, a backend with a replay endpoint is synced from seq 0 the same way, so a 
 that starts after its engines does not wait for a reset. An answer can stop short,
 without its end marker: vLLM's ROUTER drops what passes its send high-water mark (1,000
 messages) when the reader is slower than the sender, so a long history comes in pieces.
-What came is still the history in order: the subscriber asks again from where it
-stopped as long as each answer brings more (before, it kept the view of an old point of
-the history: a router started after ~10k batches routed on blocks long evicted).
+The same drop can lose batches inside an answer. What came is still the history in
+order: the subscriber asks again from where it stopped, or from the first batch lost
+after the answer's first, as long as each answer brings more (before, it kept the view
+of an old point of the history, or took a lost batch as a gap for good and fell back to
+the blocks before it: on a real engine, the previous run's prompts, until the next
+reset). Only an answer whose first batch is past the one asked for is a real gap: the
+buffer no longer reaches back.
 
 The request path never waits on events: receiving is ``zmq.asyncio``; a batch is decoded
 a slice of events at a time and applied in parts of at most ``slice_blocks`` blocks
@@ -393,8 +397,9 @@ class KvEventSubscriber:
     async def _replay(self, feed: _Feed, start: int) -> int:
         """Ask the engine for batches ``>= start`` and apply them; returns how many came.
 
-        An answer cut short (no end marker) is resumed from the next batch the view needs,
-        as long as each answer brings some (module doc). A buffer that no longer reaches
+        An answer cut short (no end marker), or missing a batch after its first, is
+        resumed from the next batch the view needs, as long as each answer brings some
+        (module doc). A buffer that no longer reaches
         back to ``start`` leaves a gap: the backend goes approximate and the stream
         continues from the first batch the buffer still has.
         """
@@ -429,6 +434,9 @@ class KvEventSubscriber:
                 seq = int.from_bytes(frames[-2], "big", signed=True)
                 if seq == END_SEQ:
                     return received, True
+                expected = self.fleet.kv_next_seq(feed.url)
+                if received and expected is not None and seq > expected:
+                    return received, False  # lost in transit, still buffered: ask again
                 received += 1
                 await self._handle(feed, seq, frames[-1], replay=False)
                 await asyncio.sleep(0)
