@@ -341,6 +341,12 @@ class KvEventSubscriber:
                 await self._replay(feed, start)
                 outcome = self._apply(feed, seq, ts, parts[0], len(parts))
         if outcome is KvOutcome.GAP:
+            log.info(
+                "KV events of %s: batches %s..%d lost; approximate until its next reset",
+                feed.url,
+                self.fleet.kv_next_seq(feed.url),
+                seq - 1,
+            )
             self.fleet.kv_gap_unfilled(feed.url, seq)
             outcome = self._apply(feed, seq, ts, parts[0], len(parts))
         for part in parts[1:]:
@@ -410,6 +416,13 @@ class KvEventSubscriber:
             resume = self.fleet.kv_next_seq(feed.url)
             if complete or not got or resume is None or resume <= start:
                 return received
+            log.info(
+                "KV event replay from %s came in pieces: %d batches from %d, asking from %d",
+                feed.replay_endpoint,
+                got,
+                start,
+                resume,
+            )
             start = resume
 
     async def _replay_once(self, feed: _Feed, start: int) -> tuple[int, bool]:
