@@ -129,3 +129,46 @@ async def test_a_batch_lost_inside_a_replay_is_asked_for_again():
         router.close()
         ctx.term()
         await pub.close()
+
+
+# -- the view a replay rebuilds stays out of routing until it reaches the present ------
+
+
+def _history(fleet: Fleet, url: str, batches: list[list]) -> None:
+    for seq, events in enumerate(batches):
+        fleet.apply_kv_batch(url, seq, float(seq), events, 0.0)
+
+
+def test_a_view_rebuilt_by_replay_is_used_only_once_it_reaches_the_present():
+    url = "http://engine:8000"
+    fleet = Fleet(make_policy("prefix"), FleetConfig(default_block_size=BS, mode="exact"))
+    fleet.add_backend(url)
+    old, new = tokens((1, 3)), tokens((2, 3))
+    fleet.kv_catch_up_begin(url)
+    _history(fleet, url, [[stored(old)]])  # an earlier run's prompt, evicted since
+    assert not fleet.is_exact(url)
+    assert fleet.index.matched_blocks(url, router_keys(old)) == 0  # not routed on
+    fleet.apply_kv_batch(url, 1, 1.0, [AllBlocksCleared()], 0.0)
+    fleet.apply_kv_batch(url, 2, 2.0, [stored(new)], 0.0)
+    fleet.check_invariants()
+    fleet.kv_catch_up_end(url, complete=True)
+    assert fleet.is_exact(url)
+    assert fleet.index.matched_blocks(url, router_keys(old)) == 0
+    assert fleet.index.matched_blocks(url, router_keys(new)) == 3
+    fleet.check_invariants()
+
+
+def test_a_replay_that_stops_short_leaves_the_backend_approximate_until_a_reset():
+    url = "http://engine:8000"
+    fleet = Fleet(make_policy("prefix"), FleetConfig(default_block_size=BS, mode="exact"))
+    fleet.add_backend(url)
+    old, new = tokens((1, 3)), tokens((2, 3))
+    fleet.kv_catch_up_begin(url)
+    _history(fleet, url, [[stored(old)]])
+    fleet.kv_catch_up_end(url, complete=False)  # the engine stopped answering
+    assert not fleet.is_exact(url)
+    assert fleet.index.matched_blocks(url, router_keys(old)) == 0  # the past is not used
+    fleet.apply_kv_batch(url, 1, 1.0, [AllBlocksCleared(), stored(new)], 0.0)
+    assert fleet.is_exact(url)
+    assert fleet.index.matched_blocks(url, router_keys(new)) == 3
+    fleet.check_invariants()

@@ -792,6 +792,18 @@ class Fleet:
             self._invalidate()
         return outcome
 
+    def kv_catch_up_begin(self, url: str) -> None:
+        """A replay of ``url``'s history from seq 0 starts: the view it rebuilds is kept
+        out of routing until ``kv_catch_up_end`` (core/kv_sync.py says why)."""
+        self.sync.begin_catch_up(url)
+
+    def kv_catch_up_end(self, url: str, complete: bool) -> None:
+        """That replay ended; ``complete``: it reached the engine's present."""
+        was_exact = self.sync.is_exact(url)
+        self.sync.end_catch_up(url, complete)
+        if self.sync.is_exact(url) != was_exact:
+            self._invalidate()
+
     def kv_next_seq(self, url: str) -> int | None:
         """The batch number ``url``'s stream needs next (None: unknown backend)."""
         s = self.sync.url_to_stream.get(url)

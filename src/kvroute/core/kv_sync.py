@@ -19,6 +19,13 @@ between them: the parts arrive as calls with the same ``seq``, and ``last_seq`` 
 it with the last one. A batch whose parts stopped coming (or whose apply raised) counts
 as lost: ``gap_unfilled(url, seq + 1)``, or the next batch, makes the backend approximate.
 
+A replay of the engine's history (``begin_catch_up`` .. ``end_catch_up``) builds the
+view apart from the index: until the replay reaches the present, the view shows an
+earlier point of the history (on a real engine, the prompts of earlier runs, long
+evicted), and routing on it sends requests for hits that are gone. Meanwhile the backend
+stays approximate; a replay that ends complete swaps the view in, one that does not
+leaves the backend approximate until its next reset.
+
 Caps: the exact views together hold at most the index's ``max_entries`` engine blocks,
 and each at most ``max_stored_blocks`` (default: the same). A ``BlockStored`` that would
 pass either makes that backend approximate (``num_overflows``) until its next reset: an
@@ -31,7 +38,7 @@ from __future__ import annotations
 
 import enum
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kvroute.core.event_model import EventCacheModel
@@ -116,6 +123,8 @@ class ExactSync:
         if self.max_stored_blocks < 1:
             raise ValueError("max_stored_blocks must be >= 1")
         self.url_to_stream: dict[str, KvStream] = {}
+        # views being rebuilt by a replay: not in the index until it reaches the present
+        self._catching_up: dict[str, EventCacheModel | None] = {}
         self._queue: deque[tuple[float, int]] = deque()  # (expiry, ticket id), by expiry
         self._ticket_to_spec: dict[int, _Speculation] = {}
 
@@ -124,6 +133,27 @@ class ExactSync:
 
     def remove_backend(self, url: str) -> None:
         self.url_to_stream.pop(url, None)
+        self._catching_up.pop(url, None)
+
+    def begin_catch_up(self, url: str) -> None:
+        """A replay of ``url``'s history starts: a view it syncs stays out of the index."""
+        if url in self.url_to_stream:
+            self._catching_up.setdefault(url, None)
+
+    def end_catch_up(self, url: str, complete: bool) -> None:
+        """The replay ended: reaching the present (``complete``), its view goes into the
+        index; otherwise it is dropped and the backend stays approximate until its next
+        reset (what it missed is unknown)."""
+        if url not in self._catching_up:
+            return
+        view = self._catching_up.pop(url)
+        s = self.url_to_stream.get(url)
+        if view is None or s is None or not s.synced:
+            return
+        if complete:
+            self.index.replace_model(url, view)
+        else:
+            s.synced = False
 
     def is_exact(self, url: str) -> bool:
         return isinstance(self.index.url_to_model.get(url), EventCacheModel)
@@ -204,17 +234,18 @@ class ExactSync:
     def _apply_events(self, url: str, s: KvStream, events: Sequence[KvEvent]) -> None:
         if self.mode == "approximate":
             return
-        model = self.model(url) if s.synced else None
+        model = self._view(url) if s.synced else None
         # room left under the fleet-wide cap once the other exact views are counted
         others = sum(m.num_stored for u in self.url_to_stream if u != url and (m := self.model(u)))
         room = min(self.max_stored_blocks, self.index.max_entries - others)
+        mirror = self._mirror(url)
         for event in events:
             if isinstance(event, AllBlocksCleared):
                 if model is None:
                     self._sync(url, s)
-                    model = self.model(url)
+                    model = self._view(url)
                 else:
-                    self.index.apply(url, (), model.clear())
+                    mirror(url, (), model.clear())
             elif model is None or event.medium not in (None, "GPU"):
                 continue  # not synced yet, or another tier (CPU offload)
             elif isinstance(event, BlockStored):
@@ -227,20 +258,36 @@ class ExactSync:
                     event.block_hashes, event.parent_block_hash, event.token_ids,
                     event.block_size, chain_seed(cache_salt_of(event), event.lora_name),
                 )  # fmt: skip
-                self.index.apply(url, added, ())
+                mirror(url, added, ())
             elif isinstance(event, BlockRemoved):
-                self.index.apply(url, (), model.remove(event.block_hashes))
+                mirror(url, (), model.remove(event.block_hashes))
+
+    def _view(self, url: str) -> EventCacheModel | None:
+        """The exact view events go to: the one a replay rebuilds, else the index's."""
+        apart = self._catching_up.get(url)
+        return apart if apart is not None else self.model(url)
+
+    def _mirror(self, url: str) -> Callable[[str, Sequence[int], Sequence[int]], None]:
+        """How a view's changes reach the index: not at all while a replay rebuilds it."""
+        if url in self._catching_up:
+            return lambda url, added, removed: None
+        return self.index.apply
 
     def _sync(self, url: str, s: KvStream) -> None:
-        """Start an exact view from an empty engine cache."""
+        """Start an exact view from an empty engine cache (apart while catching up)."""
         s.synced = self.mode != "approximate"
         if s.synced:
             capacity = self.index.url_to_model[url].capacity_blocks
-            self.index.replace_model(url, EventCacheModel(capacity))
+            if url in self._catching_up:
+                self._catching_up[url] = EventCacheModel(capacity)
+            else:
+                self.index.replace_model(url, EventCacheModel(capacity))
 
     def _fall_back(self, url: str, s: KvStream, *, seed: bool) -> None:
         """Back to the approximate model, seeded with the exact view when still meaningful."""
         s.synced = False
+        if self._catching_up.get(url) is not None:
+            self._catching_up[url] = None  # a view of the past: nothing to seed with
         old = self.model(url)
         if old is None:
             if not seed:  # a restart: whatever the LRU guessed is gone too
@@ -283,7 +330,11 @@ class ExactSync:
         assert set(self.url_to_stream) == set(self.index.url_to_model), "sync: membership"
         for url, s in self.url_to_stream.items():
             model = self.model(url)
-            assert (model is not None) == s.synced, f"sync: {url} model kind != synced"
+            apart = self._catching_up.get(url)
+            assert model is None or apart is None, f"sync: {url} has two exact views"
+            assert (model is not None or apart is not None) == s.synced, (
+                f"sync: {url} model kind != synced"
+            )
             if model is not None:
                 model.check_invariants()
                 assert model.num_stored <= self.max_stored_blocks, f"sync: {url} over its cap"

@@ -320,12 +320,18 @@ class KvEventSubscriber:
             monitor.close(linger=0)
 
     async def _initial_sync(self, feed: _Feed) -> None:
-        """Replay from 0: the engine's whole history, or proof that it has none."""
+        """Replay from 0: the engine's whole history, or proof that it has none. The view
+        it builds is used only once the replay has reached the present."""
         if self.fleet.kv_next_seq(feed.url) != 0:
             return
-        received = await self._replay(feed, 0)
-        if received == 0 and self.fleet.kv_next_seq(feed.url) == 0:
-            self.fleet.kv_history_empty(feed.url)
+        self.fleet.kv_catch_up_begin(feed.url)
+        complete = False
+        try:
+            received, complete = await self._replay(feed, 0)
+        finally:
+            self.fleet.kv_catch_up_end(feed.url, complete)
+        if complete and received == 0 and self.fleet.kv_next_seq(feed.url) == 0:
+            self.fleet.kv_history_empty(feed.url)  # an answer, and nothing in it
 
     async def _handle(self, feed: _Feed, seq: int, payload: bytes, *, replay: bool = True) -> None:
         """Decode and apply one batch; on a gap, replay first (``replay``) or give up on
@@ -400,8 +406,9 @@ class KvEventSubscriber:
             )
         self.fleet.kv_gap_unfilled(feed.url, seq + 1)
 
-    async def _replay(self, feed: _Feed, start: int) -> int:
-        """Ask the engine for batches ``>= start`` and apply them; returns how many came.
+    async def _replay(self, feed: _Feed, start: int) -> tuple[int, bool]:
+        """Ask the engine for batches ``>= start`` and apply them; returns how many came
+        and whether the last answer ended with its end marker.
 
         An answer cut short (no end marker), or missing a batch after its first, is
         resumed from the next batch the view needs, as long as each answer brings some
@@ -415,7 +422,7 @@ class KvEventSubscriber:
             received += got
             resume = self.fleet.kv_next_seq(feed.url)
             if complete or not got or resume is None or resume <= start:
-                return received
+                return received, complete
             log.info(
                 "KV event replay from %s came in pieces: %d batches from %d, asking from %d",
                 feed.replay_endpoint,
