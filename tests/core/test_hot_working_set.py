@@ -282,3 +282,18 @@ def test_six_equally_popular_prefixes_split_three_and_three(order_seed, firsts_f
     for b in homes.values():
         per_backend[next(iter(b))] += 1
     assert sorted(per_backend.values()) == [3, 3], dict(homes)
+
+
+def test_a_working_set_the_size_of_the_cache_stays_hot_between_visits():
+    # Three 40-block prompts fill a 128-block cache; each request adds one block of its
+    # own. One prompt sits out eight requests: it is still in the cache (eight blocks
+    # were added since), so it must still count as hot: neither the generations nor the
+    # set's size bound may age entries faster than the cache does.
+    fleet = make_fleet(n=1, capacity=128)
+    u = url(0)
+    order = [0, 1, 2, 0, 1, 2] + [i % 2 for i in range(8)]  # prompt 2 sits out 8 requests
+    for i, p in enumerate(order):
+        _serve_on(fleet, u, req(f"r{i}", chain((p + 1, 40), (10_000 + i, 1))), float(i))
+    (state,) = fleet.backend_states()
+    assert state.index_blocks == 128 and state.hot_blocks == 120
+    fleet.check_invariants()

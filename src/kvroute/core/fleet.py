@@ -606,12 +606,13 @@ class Fleet:
 
     def _touch_working_set(self, b: _Backend, keys: Sequence[int], num_held: int) -> None:
         """``b``'s working set learns a dispatch: its window is the cache model's capacity
-        (one turnover), its size at most twice that and at most an equal share of the
-        index's cap (so all of them together stay under it)."""
+        (one turnover); its size at most 4 x that (room for the ghosts of a working set
+        larger than the cache) and at most an equal share of the index's cap (so all of
+        them together stay under it)."""
         window = self.index.url_to_model[b.url].capacity_blocks
         share = self.config.max_index_entries // max(1, len(self._backends))
         num_added = max(0, min(len(keys), window) - num_held)
-        b.working_set.touch(keys, num_added, window, max(1, min(2 * window, share)))
+        b.working_set.touch(keys, num_added, window, max(1, min(4 * window, share)))
 
     def on_first_token(self, ticket: Ticket, now: float, cached_tokens: int | None = None) -> None:
         """Prefill done: release queued prefill tokens, learn the prefill rate (once)."""

@@ -151,6 +151,8 @@ class ExactSync:
         if view is None or s is None or not s.synced:
             return
         if complete:
+            # sized when the replay began: the engine's size may have been scraped since
+            view.set_capacity(self.index.url_to_model[url].capacity_blocks)
             self.index.replace_model(url, view)
         else:
             s.synced = False
