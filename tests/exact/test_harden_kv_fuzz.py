@@ -138,7 +138,10 @@ def test_fuzzed_batches_never_break_the_feed_nor_pass_the_caps():
         loop.run_until_complete(joined(pub, fleet))
         fuzz()
         status = sub.status(URL)
-        assert status.num_malformed_batches > 0 and status.num_overflows > 0  # both reached
+        # malformed batches are always drawn; whether a flood passes the cap depends on the
+        # draw (about 1 run in 8 it does not), and the cap has its deterministic test in
+        # test_harden_kv_feed.py, so only the invariants above are required of it here
+        assert status.num_malformed_batches > 0
         assert max_stored <= CAP
     finally:
         loop.run_until_complete(sub.stop())
