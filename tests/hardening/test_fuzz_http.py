@@ -31,6 +31,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kvroute.bench.hardening import is_openai_error
 from kvroute.engine.profiles import get_profile
 from kvroute.router.app import make_app
 from kvroute.router.config import BackendConfig, HealthConfig, LimitConfig, RouterConfig
@@ -182,19 +183,6 @@ def router(live: LiveRouter) -> Iterator[LiveRouter]:
     status, _, body = live.request("GET", "/health")
     assert status == 200, body
     live.assert_settled()
-
-
-def is_openai_error(body: bytes) -> bool:
-    try:
-        data = json.loads(body)
-    except ValueError:
-        return False
-    err = data.get("error") if isinstance(data, dict) else None
-    return (
-        isinstance(err, dict)
-        and isinstance(err.get("message"), str)
-        and isinstance(err.get("type"), str)
-    )
 
 
 def is_vllm_error(body: bytes) -> bool:

@@ -451,7 +451,7 @@ async def _judge_refusal(resp: aiohttp.ClientResponse) -> tuple[str | None, str]
     return (None, "") if is_openai_error(text) else ("bad_error_body", text)
 
 
-def is_openai_error(text: str) -> bool:
+def is_openai_error(text: str | bytes) -> bool:
     """``{"error": {"message": str, "type": str, ...}}``."""
     try:
         data = json.loads(text)
