@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import zmq
 import zmq.asyncio
@@ -39,33 +40,27 @@ async def serve_cut_replays(sock: zmq.asyncio.Socket, pub: KvEventPublisher) -> 
             await sock.send_multipart((client, b"", END_SEQ, b""))
 
 
-async def test_a_replay_cut_short_is_resumed_until_the_engines_state():
-    # The publisher buffers for replay; our ROUTER serves the buffer cut short.
-    pub = KvEventPublisher("tcp://127.0.0.1:0", replay_endpoint="tcp://127.0.0.1:0")
+URL = "http://engine:8000"
+
+
+@contextlib.asynccontextmanager
+async def replaying(
+    pub: KvEventPublisher, serve: Callable[[zmq.asyncio.Socket], Awaitable[None]]
+) -> AsyncIterator[tuple[Fleet, KvEventSubscriber]]:
+    """An exact fleet of one engine whose replays ``serve`` answers from our own ROUTER
+    (standing in for vLLM's), its subscriber started; everything closed on the way out."""
     ctx = zmq.asyncio.Context()
     router = ctx.socket(zmq.ROUTER)
     router.setsockopt(zmq.LINGER, 0)
     router.bind("tcp://127.0.0.1:*")
     replay = router.getsockopt_string(zmq.LAST_ENDPOINT)
-    server = asyncio.get_running_loop().create_task(serve_cut_replays(router, pub))
-    url = "http://engine:8000"
+    server = asyncio.get_running_loop().create_task(serve(router))
     fleet = Fleet(make_policy("prefix"), FleetConfig(default_block_size=BS, mode="exact"))
-    fleet.add_backend(url)
-    old, new = tokens((1, 3)), tokens((2, 3))
-    for i in range(3 * CUT):  # earlier runs: prompts stored, caches reset
-        pub.publish([stored(old) if i % 2 == 0 else AllBlocksCleared()])
-    pub.publish([stored(old)])
-    pub.publish([AllBlocksCleared()])  # the reset before this router started
-    pub.publish([stored(new)])
-    last = pub._seq - 1
-    sub = KvEventSubscriber(fleet, {url: pub.endpoint}, {url: replay}, replay_timeout_s=0.5)
+    fleet.add_backend(URL)
+    sub = KvEventSubscriber(fleet, {URL: pub.endpoint}, {URL: replay}, replay_timeout_s=0.5)
     await sub.start()
     try:
-        await until(lambda: (sub.status(url).last_seq or -1) == last, timeout_s=20.0)
-        assert fleet.is_exact(url)
-        assert fleet.index.matched_blocks(url, router_keys(old)) == 0  # cleared since
-        assert fleet.index.matched_blocks(url, router_keys(new)) == 3
-        fleet.check_invariants()
+        yield fleet, sub
     finally:
         await sub.stop()
         server.cancel()
@@ -74,6 +69,24 @@ async def test_a_replay_cut_short_is_resumed_until_the_engines_state():
         router.close()
         ctx.term()
         await pub.close()
+
+
+async def test_a_replay_cut_short_is_resumed_until_the_engines_state():
+    # The publisher buffers for replay; our ROUTER serves the buffer cut short.
+    pub = KvEventPublisher("tcp://127.0.0.1:0", replay_endpoint="tcp://127.0.0.1:0")
+    old, new = tokens((1, 3)), tokens((2, 3))
+    for i in range(3 * CUT):  # earlier runs: prompts stored, caches reset
+        pub.publish([stored(old) if i % 2 == 0 else AllBlocksCleared()])
+    pub.publish([stored(old)])
+    pub.publish([AllBlocksCleared()])  # the reset before this router started
+    pub.publish([stored(new)])
+    last = pub._seq - 1
+    async with replaying(pub, lambda sock: serve_cut_replays(sock, pub)) as (fleet, sub):
+        await until(lambda: (sub.status(URL).last_seq or -1) == last, timeout_s=20.0)
+        assert fleet.is_exact(URL)
+        assert fleet.index.matched_blocks(URL, router_keys(old)) == 0  # cleared since
+        assert fleet.index.matched_blocks(URL, router_keys(new)) == 3
+        fleet.check_invariants()
 
 
 async def serve_lossy_replays(sock: zmq.asyncio.Socket, pub: KvEventPublisher, lose: set[int]):
@@ -97,11 +110,6 @@ async def test_a_batch_lost_inside_a_replay_is_asked_for_again():
     # the view fell back to the blocks before it (the previous run's prompts) and kept
     # them until the next reset, the first requests were 'prefix' on the wrong engine.
     pub = KvEventPublisher("tcp://127.0.0.1:0", replay_endpoint="tcp://127.0.0.1:0")
-    ctx = zmq.asyncio.Context()
-    router = ctx.socket(zmq.ROUTER)
-    router.setsockopt(zmq.LINGER, 0)
-    router.bind("tcp://127.0.0.1:*")
-    replay = router.getsockopt_string(zmq.LAST_ENDPOINT)
     old, new = tokens((1, 3)), tokens((2, 3))
     for i in range(20):
         pub.publish([stored(old) if i % 2 == 0 else AllBlocksCleared()])
@@ -110,25 +118,12 @@ async def test_a_batch_lost_inside_a_replay_is_asked_for_again():
     pub.publish([AllBlocksCleared()])
     pub.publish([stored(new)])
     last = pub._seq - 1
-    server = asyncio.get_running_loop().create_task(serve_lossy_replays(router, pub, {reset}))
-    url = "http://engine:8000"
-    fleet = Fleet(make_policy("prefix"), FleetConfig(default_block_size=BS, mode="exact"))
-    fleet.add_backend(url)
-    sub = KvEventSubscriber(fleet, {url: pub.endpoint}, {url: replay}, replay_timeout_s=0.5)
-    await sub.start()
-    try:
-        await until(lambda: (sub.status(url).last_seq or -1) == last)
-        assert fleet.is_exact(url) and sub.status(url).num_gaps == 0
-        assert fleet.index.matched_blocks(url, router_keys(old)) == 0
-        assert fleet.index.matched_blocks(url, router_keys(new)) == 3
-    finally:
-        await sub.stop()
-        server.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await server
-        router.close()
-        ctx.term()
-        await pub.close()
+    lossy = lambda sock: serve_lossy_replays(sock, pub, {reset})  # noqa: E731
+    async with replaying(pub, lossy) as (fleet, sub):
+        await until(lambda: (sub.status(URL).last_seq or -1) == last)
+        assert fleet.is_exact(URL) and sub.status(URL).num_gaps == 0
+        assert fleet.index.matched_blocks(URL, router_keys(old)) == 0
+        assert fleet.index.matched_blocks(URL, router_keys(new)) == 3
 
 
 # -- the view a replay rebuilds stays out of routing until it reaches the present ------
