@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -9,6 +11,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from kvroute.core.fleet import Fleet, FleetConfig
 from kvroute.core.policy import make_policy, policy_names
+from kvroute.core.policy.base import Decision, FleetView, Policy, RouteRequest
+from kvroute.core.policy.least_load import LeastLoadPolicy
 from tests.core.routing_helpers import BS, chain, make_fleet, req, serve, url
 
 
@@ -109,10 +113,12 @@ class FleetMachine(RuleBasedStateMachine):
         tail=st.integers(0, 50),
         blocks=st.integers(0, 6),
         policy_exclude=st.booleans(),
+        session=st.none() | st.sampled_from(["s0", "s1", "s2"]),
     )
-    def request(self, prefix, tail, blocks, policy_exclude):
+    def request(self, prefix, tail, blocks, policy_exclude, session):
         self.now += 0.01
         r = req(f"r{self.next_id}", chain((prefix, 2), (tail, blocks)), max_tokens=8)
+        r = dataclasses.replace(r, session=session)
         self.next_id += 1
         exclude = self.fleet.urls()[:1] if policy_exclude else []
         decision = self.fleet.route(r, self.now, exclude=exclude)
@@ -233,4 +239,113 @@ def test_listeners_hear_each_change_once() -> None:
         ("finish", t2, False),
     ]
     assert ticket.reported_cached_tokens == 32
+    fleet.check_invariants()
+
+
+class _SessionProbe(Policy):
+    """Least load, writing down what the view offered as the request's session home."""
+
+    name = "session_probe"
+
+    def __init__(self) -> None:
+        self.offered: list[str | None] = []
+        self._inner = LeastLoadPolicy()
+
+    def choose(self, request: RouteRequest, view: FleetView, now: float) -> Decision | None:
+        self.offered.append(view.session_backend(request.session))
+        return self._inner.choose(request, view, now)
+
+
+def _session_fleet(**config: float) -> tuple[Fleet, _SessionProbe]:
+    probe = _SessionProbe()
+    fleet = Fleet(probe, FleetConfig(default_block_size=BS, **config))  # type: ignore[arg-type]
+    for i in range(3):
+        fleet.add_backend(url(i), models=["m1", "m2"])
+    return fleet, probe
+
+
+def _sreq(request_id: str, session: str | None, model: str | None = "m1") -> RouteRequest:
+    return dataclasses.replace(req(request_id, chain((7, 2)), model=model), session=session)
+
+
+def test_a_dispatch_records_its_session_and_the_view_offers_it_while_eligible() -> None:
+    fleet, probe = _session_fleet()
+    d, t = serve(fleet, _sreq("a", "s1"))
+    home = d.backend
+    assert fleet.session_backend(_sreq("x", "s1"), 1.0) == home
+    assert fleet.num_sessions(1.0) == 1
+    fleet.route(_sreq("b", "s1"), 1.0)
+    fleet.route(_sreq("c", "s1"), 1.0, exclude=[home])  # a retry must leave it
+    fleet.route(_sreq("d", "s1", model="m2"), 1.0)  # the same id on another model: new
+    fleet.route(_sreq("e", None), 1.0)
+    assert probe.offered == [None, home, None, None, None]
+    for change in ("draining", "unhealthy"):
+        probe.offered.clear()
+        if change == "draining":
+            fleet.set_draining(home, True)
+        else:
+            fleet.set_healthy(home, False)
+        fleet.route(_sreq("f", "s1"), 1.0)
+        assert probe.offered == [None], change  # never a dead or draining home
+        assert fleet.session_backend(_sreq("x", "s1"), 1.0) == home  # still recorded
+        fleet.set_draining(home, False)
+        fleet.set_healthy(home, True)
+    fleet.finish(t, 2.0, ok=True)
+    fleet.check_invariants()
+
+
+def test_a_session_follows_its_last_dispatch_and_expires_after_its_ttl() -> None:
+    fleet, _ = _session_fleet(session_ttl_s=10.0)
+    d, _ = serve(fleet, _sreq("a", "s1"), now=0.0)
+    other = next(u for u in fleet.urls() if u != d.backend)
+    fleet.dispatch(Decision(other, "retry", 0, (other,)), _sreq("b", "s1"), 5.0)
+    assert fleet.session_backend(_sreq("x", "s1"), 14.9) == other
+    assert fleet.session_backend(_sreq("x", "s1"), 15.0) is None
+    assert fleet.num_sessions(15.0) == 0
+
+
+def test_removing_a_backend_forgets_its_sessions() -> None:
+    fleet, _ = _session_fleet()
+    d, _ = serve(fleet, _sreq("a", "s1"))
+    other = next(u for u in fleet.urls() if u != d.backend)
+    fleet.dispatch(Decision(other, "load", 0, (other,)), _sreq("b", "s2"), 0.0)
+    fleet.remove_backend(d.backend)
+    assert fleet.session_backend(_sreq("x", "s1"), 0.0) is None
+    assert fleet.session_backend(_sreq("x", "s2"), 0.0) == other
+    assert fleet.num_sessions(0.0) == 1
+    fleet.check_invariants()
+
+
+def test_the_session_table_is_bounded_by_the_config() -> None:
+    fleet, _ = _session_fleet(session_max_entries=2)
+    for i in range(5):
+        serve(fleet, _sreq(f"r{i}", f"s{i}"), now=float(i))
+    assert fleet.num_sessions(5.0) == 2
+    assert fleet.session_backend(_sreq("x", "s0"), 5.0) is None
+    assert fleet.session_backend(_sreq("x", "s4"), 5.0) is not None
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [({"session_ttl_s": 0.0}, "session_ttl_s"), ({"session_max_entries": 0}, "session_max")],
+)
+def test_bad_session_sizes_name_the_field(changes: dict[str, float], field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        FleetConfig(**changes)  # type: ignore[arg-type]
+
+
+def test_a_dispatch_that_fails_records_no_session() -> None:
+    fleet, _ = _session_fleet()
+
+    class Failing(_Recorder):
+        def on_dispatch(self, ticket, decision, req, now) -> None:  # type: ignore[no-untyped-def]
+            raise RuntimeError("listener bug")
+
+    fleet.listeners.append(Failing())
+    d = fleet.route(_sreq("a", "s1"), 0.0)
+    assert d is not None
+    with pytest.raises(RuntimeError):
+        fleet.dispatch(d, _sreq("a", "s1"), 0.0)
+    assert fleet.session_backend(_sreq("x", "s1"), 0.0) is None
+    assert fleet.num_sessions(0.0) == 0
     fleet.check_invariants()

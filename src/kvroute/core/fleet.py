@@ -54,6 +54,7 @@ from kvroute.core.policy.base import (
     RouteRequest,
     cached_tokens_for,
 )
+from kvroute.core.sessions import DEFAULT_MAX_ENTRIES, DEFAULT_TTL_S, SessionTable
 from kvroute.core.working_set import WorkingSet
 from kvroute.engine.kv_events import BlockStored, KvEvent
 
@@ -99,6 +100,13 @@ def _bounded(req: RouteRequest) -> RouteRequest:
     return dataclasses.replace(req, num_prompt_tokens=clamp_count(n), max_tokens=clamp_count(m))
 
 
+def _session_key(model: str | None, session: str) -> str:
+    """The session table's key: one id on two models is two sessions (each model's
+    backends hold its own context). The model's length first, so no pair of strings
+    can make another pair's key ("-" starts the keys of requests naming no model)."""
+    return f"-{session}" if model is None else f"{len(model)}:{model}{session}"
+
+
 class FleetListener(Protocol):
     """Told of each request-path call that changed the Fleet, once per ticket and kind.
 
@@ -134,6 +142,10 @@ class FleetConfig:
     # otherwise); "auto": token keys for a model only while one of its backends is synced
     mode: str = "approximate"
     speculative_ttl_s: float = 3.0  # exact mode: unconfirmed dispatch credit lives this long
+    # session affinity (core/sessions.py): a session's last backend is forgotten this long
+    # after its last request, and at most this many sessions are kept (least recent out)
+    session_ttl_s: float = DEFAULT_TTL_S
+    session_max_entries: int = DEFAULT_MAX_ENTRIES
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -146,6 +158,10 @@ class FleetConfig:
             raise ValueError("fleet.default_capacity_blocks: must be >= 1")
         if self.max_index_entries < 1:
             raise ValueError("fleet.max_index_entries: must be >= 1")
+        if not self.session_ttl_s > 0:
+            raise ValueError("fleet.session_ttl_s: must be > 0")
+        if self.session_max_entries < 1:
+            raise ValueError("fleet.session_max_entries: must be >= 1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,6 +358,8 @@ class Fleet:
         self.fleet_rate = PrefillRate(self.config.cost)
         self.listeners: list[FleetListener] = []  # told of request-path changes
         self.calibration = TextCalibration()  # bytes of text per token, per model
+        # session key (per model) -> backend of its last dispatch (core/sessions.py)
+        self.sessions = SessionTable(self.config.session_ttl_s, self.config.session_max_entries)
 
     # -- membership --------------------------------------------------------------------
 
@@ -372,6 +390,7 @@ class Fleet:
         self.sync.remove_backend(url)
         self._order.discard(url)
         self._invalidate()
+        self.sessions.forget_backend(url)
         self.policy.on_backend_removed(url)
 
     def set_models(self, url: str, models: Iterable[str]) -> None:
@@ -526,7 +545,7 @@ class Fleet:
         req = _bounded(req)
         self.sync.expire(now)
         bs = self.key_block_tokens(req.model, self.block_size_for(req.model))
-        view = _View(self, req.model, frozenset(exclude), bs)
+        view = _View(self, req.model, frozenset(exclude), bs, now)
         if not self._order.url_to_entry:
             return None
         return self.policy.choose(req, view, now)
@@ -574,6 +593,8 @@ class Fleet:
                 listener.on_dispatch(ticket, decision, req, now)
                 told += 1
             self._touch_working_set(b, req.block_hashes, num_held)
+            if req.session is not None:  # last: a hook that raised leaves the session as it was
+                self.sessions.put(_session_key(req.model, req.session), b.url, now)
         except BaseException:
             self._undo_dispatch(b, ticket, means_before, now, told)
             raise
@@ -594,6 +615,18 @@ class Fleet:
         for listener in self.listeners[:told]:  # they mirror the dispatch: end it there too
             with contextlib.suppress(Exception):  # the first error is the one to report
                 listener.on_finish(ticket, now, False)
+
+    def session_backend(self, req: RouteRequest, now: float) -> str | None:
+        """The backend ``req``'s session (``req.session`` on ``req.model``) last went to
+        within the session TTL, eligible or not (None: no session or none recorded)."""
+        if req.session is None:
+            return None
+        return self.sessions.get(_session_key(req.model, req.session), now)
+
+    def num_sessions(self, now: float) -> int:
+        """Sessions with a recorded backend at ``now`` (expired ones dropped first)."""
+        self.sessions.expire(now)
+        return len(self.sessions)
 
     def predicted_cached_tokens(self, url: str, req: RouteRequest) -> int:
         """Tokens of ``req`` the cache model of ``url`` holds, as the engine would report them."""
@@ -881,6 +914,10 @@ class Fleet:
         """Index, load and order consistent with each other (tests call it after each step)."""
         self.index.check_invariants()
         self.sync.check_invariants()
+        self.sessions.check_invariants()
+        assert set(self.sessions.url_to_keys) <= set(self._backends), (
+            "fleet: session of a gone backend"
+        )
         assert set(self.index.url_to_model) == set(self._backends), "fleet: index membership"
         orderable = {u for u, b in self._backends.items() if b.is_orderable}
         assert set(self._order.url_to_entry) == orderable, "fleet: load order membership"
@@ -902,13 +939,21 @@ class Fleet:
 class _View:
     """FleetView for one routing call: the request's model and exclude list applied."""
 
-    __slots__ = ("_exclude", "_fleet", "_model", "block_size")
+    __slots__ = ("_exclude", "_fleet", "_model", "_now", "block_size")
 
-    def __init__(self, fleet: Fleet, model: str | None, exclude: frozenset[str], block_size: int):
+    def __init__(
+        self,
+        fleet: Fleet,
+        model: str | None,
+        exclude: frozenset[str],
+        block_size: int,
+        now: float,
+    ) -> None:
         self._fleet = fleet
         self._model = model
         self._exclude = exclude
         self.block_size = block_size
+        self._now = now  # the routing call's time (session TTL)
 
     @property
     def rng(self) -> Random:
@@ -984,6 +1029,12 @@ class _View:
 
     def matched_blocks(self, url: str, block_hashes: Sequence[int]) -> int:
         return self._fleet.index.matched_blocks(url, block_hashes)
+
+    def session_backend(self, session: str | None) -> str | None:
+        if session is None:
+            return None
+        url = self._fleet.sessions.get(_session_key(self._model, session), self._now)
+        return url if url is not None and self._ok(url) else None
 
     @property
     def cost(self) -> CostConfig:

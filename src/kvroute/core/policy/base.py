@@ -29,6 +29,9 @@ class RouteRequest:
     block_hashes: Sequence[int]  # chained keys, one per full engine block (core/keys.py)
     num_prompt_tokens: int  # prompt length in tokens (estimate in approximate mode)
     max_tokens: int  # decode budget of the request, tokens
+    # client session identity (a session header or the body's "user"), None without one;
+    # the Fleet keys it per model, so one id on two models is two sessions
+    session: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +104,11 @@ class FleetView(Protocol):
 
     def matched_blocks(self, url: str, block_hashes: Sequence[int]) -> int:
         """How many leading blocks of ``block_hashes`` ``url``'s cache model holds."""
+        ...
+
+    def session_backend(self, session: str | None) -> str | None:
+        """The backend ``session``'s last request (this model) was dispatched to, within
+        the session TTL, if this call may choose it (``is_eligible``); else None."""
         ...
 
     def estimate_ttft_s(self, url: str, request: RouteRequest, cached_tokens: int) -> float:
