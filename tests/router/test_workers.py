@@ -373,3 +373,31 @@ async def test_fleet_bus_join_handshake(tmp_path: Path) -> None:
         assert buses[1].connected and not buses[1].settled  # the restarted peer hears nobody
         buses[1].apply(msgspec.msgpack.encode([(4, 7, 1, True)]), 1.0)  # no worker 7
         assert set(buses[1].peers) == {0}
+
+
+async def test_fleet_bus_carries_the_session_with_a_dispatch(tmp_path: Path) -> None:
+    """A session placed by worker 0 has the same home in worker 1's table (its next
+    turn may land on either); a dispatch without a session records none."""
+    urls = ["http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3"]
+    fleets = [build_fleet("least_load") for _ in range(2)]
+    for fleet in fleets:
+        for url in urls:
+            fleet.add_backend(url, models=["m"])
+    with_session = RouteRequest("r1", "m", [11, 12], 64, 4, session="chat-7")
+    without = RouteRequest("r2", "m", [21, 22], 64, 4)
+    async with bus_pair(tmp_path, fleets) as buses:
+        assert await buses[1].wait_connected(10.0)
+        first = fleets[0].route(with_session, 0.0)
+        assert first is not None
+        t1 = fleets[0].dispatch(first, with_session, 0.0)
+        second = fleets[0].route(without, 0.0)
+        assert second is not None
+        t2 = fleets[0].dispatch(second, without, 0.0)
+        await until(lambda: fleets[1].num_sessions(0.0) == 1)
+        assert fleets[1].session_backend(with_session, 0.0) == first.backend
+        fleets[0].finish(t1, 1.0, True)
+        fleets[0].finish(t2, 1.0, True)
+        await until(lambda: not buses[1].peers[0].shadows)
+        assert fleets[1].num_sessions(1.0) == 1
+        for fleet in fleets:
+            fleet.check_invariants()

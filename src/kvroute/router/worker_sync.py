@@ -56,7 +56,8 @@ _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder().decode
 
 # message kinds: [kind, origin index, origin pid, ...]
-_KIND_DISPATCH = 0  # ticket_id, url, reason, request_id, model, hashes, prompt, max_tokens, now
+# ticket_id, url, reason, request_id, model, hashes, prompt, max_tokens, now, session
+_KIND_DISPATCH = 0
 _KIND_FIRST_TOKEN = 1  # ticket_id, now, cached_tokens | None
 _KIND_CACHED = 2  # ticket_id, cached_tokens
 _KIND_FINISH = 3  # ticket_id, now, ok
@@ -130,7 +131,7 @@ class FleetBus:
         if not self._replaying:
             self._send(_KIND_DISPATCH, ticket.ticket_id, ticket.url, decision.reason,
                        req.request_id, req.model, list(req.block_hashes),
-                       req.num_prompt_tokens, req.max_tokens, now)  # fmt: skip
+                       req.num_prompt_tokens, req.max_tokens, now, req.session)  # fmt: skip
 
     def on_first_token(self, ticket: Ticket, now: float, cached_tokens: int | None) -> None:
         if not self._replaying:
@@ -205,8 +206,10 @@ class FleetBus:
 
     def _apply(self, kind: int, peer: _Peer, rest: list[Any]) -> None:
         if kind == _KIND_DISPATCH:
-            ticket_id, url, reason, request_id, model, hashes, prompt, max_tokens, now = rest
-            req = RouteRequest(request_id, model, hashes, prompt, max_tokens)
+            ticket_id, url, reason, request_id, model, hashes, prompt, max_tokens, now = rest[:9]
+            # the session, so every worker's table sends the session's next turn home
+            session = rest[9] if len(rest) > 9 and isinstance(rest[9], str) else None
+            req = RouteRequest(request_id, model, hashes, prompt, max_tokens, session)
             try:
                 peer.shadows[ticket_id] = self.fleet.dispatch(
                     Decision(url, reason, 0, (url,)), req, now
