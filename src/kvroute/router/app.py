@@ -25,12 +25,17 @@ from kvroute.core.token_keys import PromptTokenizer
 from kvroute.router import admin
 from kvroute.router.backends import Backends
 from kvroute.router.clients import ClientGate
-from kvroute.router.config import RouterConfig, backend_public_id
+from kvroute.router.config import RouterConfig, SessionConfig, backend_public_id
 from kvroute.router.errors import KvrouteError, error_bytes
 from kvroute.router.health import health_loop, make_probe_session, probe_all
 from kvroute.router.kv_subscriber import KvEventSubscriber
 from kvroute.router.listener import listener_middleware, server_header
-from kvroute.router.metrics import BackendCollector, ProcessCollector, RouterMetrics
+from kvroute.router.metrics import (
+    BackendCollector,
+    ProcessCollector,
+    RouterMetrics,
+    SessionCollector,
+)
 from kvroute.router.proxy import CHAT_PATH, COMPLETIONS_PATH, handle_chat, handle_completions
 from kvroute.router.scraper import scrape_loop
 from kvroute.router.state import NOTE, STATE, RequestNote, RouterState
@@ -51,11 +56,23 @@ _HTTP_ERRORS = {
 _UNCOUNTED_PATHS = frozenset({"/health", "/metrics", "/"})
 
 
-def build_fleet(policy: str, *, mode: str = "approximate", speculative_ttl_s: float = 3.0) -> Fleet:
+def build_fleet(
+    policy: str,
+    *,
+    mode: str = "approximate",
+    speculative_ttl_s: float = 3.0,
+    sessions: SessionConfig | None = None,
+) -> Fleet:
     """The core Fleet with the named policy (ValueError lists the known names) and mode."""
     from kvroute.core.policy import make_policy
 
-    config = FleetConfig(mode=mode, speculative_ttl_s=speculative_ttl_s)
+    sessions = sessions or SessionConfig()
+    config = FleetConfig(
+        mode=mode,
+        speculative_ttl_s=speculative_ttl_s,
+        session_ttl_s=sessions.ttl_s,
+        session_max_entries=sessions.max_entries,
+    )
     return Fleet(make_policy(policy), config)
 
 
@@ -96,7 +113,10 @@ def make_app(
     """The router app. ``session``: an upstream pool to use (else one is made and closed)."""
     if fleet is None:
         fleet = build_fleet(
-            config.policy, mode=config.resolved_mode, speculative_ttl_s=config.speculative_ttl_s
+            config.policy,
+            mode=config.resolved_mode,
+            speculative_ttl_s=config.speculative_ttl_s,
+            sessions=config.sessions,
         )
     metrics = RouterMetrics()
     backends = Backends(
@@ -121,6 +141,7 @@ def make_app(
         backends.add(backend)  # the subscriber already knows their endpoints
     metrics.add_collector(BackendCollector(lambda: backend_rows(state)))
     metrics.add_collector(ProcessCollector(lambda: state.num_in_flight))
+    metrics.add_collector(SessionCollector(lambda: fleet.num_sessions(clock())))
     app = web.Application(
         client_max_size=config.limits.max_body_bytes,
         middlewares=[error_middleware, listener_middleware],

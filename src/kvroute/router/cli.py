@@ -105,6 +105,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
                    action="store_const", const=False, help="send non-streaming requests "
                    "to vLLM as they came, not as a stream answered as one body (the "
                    "router then sees no first token of theirs)")  # fmt: skip
+    p.add_argument("--session-header", action="append", default=[], metavar="NAME",
+                   help="request header naming the client session (repeatable, first "
+                   "present wins; replaces the configured list)")  # fmt: skip
+    p.add_argument("--no-session-hints", dest="session_hints", action="store_false",
+                   help="ignore session headers and the body's user field")  # fmt: skip
     p.add_argument("--log-level", default="WARNING", help="python logging level")
     add_kv_arguments(p)
     p.set_defaults(func=run)
@@ -125,6 +130,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         overrides["admin_allowed_backends"] = tuple(args.admin_allow)
     kv = kv_load_kwargs(args)
     config = load_config(args.config, backends=args.backend, overrides=overrides, **kv)
+    config = _with_session_flags(config, args)
     server_flags = {
         name: getattr(args, name)
         for name in ("keepalive_s", "header_timeout_s", "body_timeout_s",
@@ -134,6 +140,15 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
     if not server_flags:
         return config
     return replace(config, server=replace(config.server, **server_flags))
+
+
+def _with_session_flags(config: RouterConfig, args: argparse.Namespace) -> RouterConfig:
+    sessions = config.sessions
+    if args.session_header:
+        sessions = replace(sessions, headers=tuple(args.session_header))
+    if not args.session_hints:
+        sessions = replace(sessions, headers=(), use_user_field=False)
+    return config if sessions is config.sessions else replace(config, sessions=sessions)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -246,6 +246,52 @@ class ServerConfig:
         return self.admin_port is not None
 
 
+# what agent harnesses and chat front-ends send (Claude Code, OpenAI-style gateways)
+DEFAULT_SESSION_HEADERS = (
+    "x-session-affinity",
+    "x-session-id",
+    "session_id",
+    "x-claude-code-session-id",
+)
+# RFC 9110 token characters: what a header name may be made of
+_HEADER_NAME_CHARS = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyz")
+
+
+@dataclass(frozen=True, slots=True)
+class SessionConfig:
+    """Session hints: where a request says which client session it belongs to, and how
+    long the router remembers the backend each session last went to (core/sessions.py).
+
+    The first of ``headers`` present with a usable value wins (at most 256 characters,
+    no control characters; an unusable one is skipped, never refused), else the body's
+    ``user`` string when ``use_user_field``. No headers and no user field: off.
+    """
+
+    headers: tuple[str, ...] = DEFAULT_SESSION_HEADERS  # request headers, first present wins
+    use_user_field: bool = True  # the body's "user" (a soft hint: one user, many chats)
+    ttl_s: float = 600.0  # a session's home is forgotten this long after its last request
+    max_entries: int = 100_000  # sessions remembered (least recently seen dropped first)
+
+    def __post_init__(self) -> None:
+        ok = isinstance(self.headers, list | tuple)
+        _check(ok, "sessions.headers", f"must be a list of header names, got {self.headers!r}")
+        names = []
+        for h in self.headers:
+            name = h.strip().lower() if isinstance(h, str) else ""
+            ok = bool(name) and len(name) <= 256 and set(name) <= _HEADER_NAME_CHARS
+            _check(ok, "sessions.headers", f"not a header name: {h!r}")
+            names.append(name)
+        object.__setattr__(self, "headers", tuple(dict.fromkeys(names)))
+        _check(isinstance(self.use_user_field, bool), "sessions.use_user_field", "must be a bool")
+        _check(0 < self.ttl_s <= 604_800, "sessions.ttl_s", "must be in (0, 604800]")
+        ok = isinstance(self.max_entries, int) and 1 <= self.max_entries <= 10_000_000
+        _check(ok, "sessions.max_entries", "must be in [1, 10000000]")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.headers) or self.use_user_field
+
+
 def check_backend_pattern(pattern: str) -> str:
     """One ``admin_allowed_backends`` entry: a CIDR (``10.0.0.0/8``, an IP alone is a /32)
     or a host-name glob (``*.engines.internal``); ValueError otherwise."""
@@ -302,6 +348,7 @@ class RouterConfig:
     # as one assembled JSON body, so its first token is seen (learned prefill rates,
     # queued prefill released at the first token); False: the original bytes, always
     assemble_non_streaming: bool = True
+    sessions: SessionConfig = field(default_factory=SessionConfig)  # YAML section "sessions:"
 
     def __post_init__(self) -> None:
         _check(0 <= self.port <= 65535, "port", f"must be in [0, 65535], got {self.port}")
@@ -425,6 +472,7 @@ def config_from_mapping(raw: Mapping[str, Any]) -> RouterConfig:
         health=_section(HealthConfig, raw.get("health"), "health"),
         breaker=_section(BreakerConfig, raw.get("breaker"), "breaker"),
         server=_section(ServerConfig, raw.get("server"), "server"),
+        sessions=_section(SessionConfig, raw.get("sessions"), "sessions"),
         admin_allowed_backends=tuple(str(p) for p in allowed),
         client_keys=tuple(keys),
         trusted_proxies=tuple(proxies),

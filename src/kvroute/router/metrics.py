@@ -97,6 +97,16 @@ class RouterMetrics:
             ["backend"],
             registry=r,
         )
+        self.session_requests = Counter(
+            "kvroute_session_requests",
+            "Requests with a session hint, by where they went: home (the backend the "
+            "session's last request went to), moved (another one), new (none recorded)",
+            ["result"],
+            registry=r,
+        )
+        self._session_children = {
+            result: self.session_requests.labels(result) for result in ("home", "moved", "new")
+        }
 
         # label children cached per key: labels() costs a lock and a tuple build per call
         self._request_children: dict[tuple[int, str, str], Any] = {}
@@ -107,6 +117,13 @@ class RouterMetrics:
         child = self._request_children.get(key)
         if child is None:
             child = self._request_children[key] = self.requests.labels(str(status), backend, reason)
+        child.inc()
+
+    def count_session(self, result: str) -> None:
+        """One request with a session hint placed: "home", "moved" or "new"."""
+        child = self._session_children.get(result)
+        if child is None:
+            child = self._session_children[result] = self.session_requests.labels(result)
         child.inc()
 
     def of(self, backend: str) -> BackendInstruments:
@@ -230,6 +247,23 @@ class ProcessCollector(Collector):
             "kvroute_in_flight_requests",
             "Proxied requests being handled now (all backends)",
             float(self._in_flight()),
+        )
+
+
+class SessionCollector(Collector):
+    """The sessions whose last backend the router remembers (read at scrape time)."""
+
+    def __init__(self, num_tracked: Callable[[], int]) -> None:
+        self._num_tracked = num_tracked
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily(
+            "kvroute_sessions_tracked",
+            "Client sessions with a remembered backend (within the session TTL)",
+            float(self._num_tracked()),
         )
 
 

@@ -23,7 +23,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
 
@@ -38,9 +39,11 @@ from kvroute.core.keys import (
     text_route_keys,
 )
 from kvroute.core.policy.base import Decision, RouteRequest
+from kvroute.core.sessions import session_result
 from kvroute.core.token_keys import PromptTokenizer, exact_route_keys, prompt_token_ids
 from kvroute.router.assemble import assembly_blocker, stream_body
 from kvroute.router.clients import client_address, is_trusted
+from kvroute.router.config import SessionConfig
 from kvroute.router.errors import (
     BadRequest,
     KvrouteError,
@@ -70,6 +73,9 @@ MAX_DELIVERIES = 2
 # engines (a model card's "owned_by") whose stream is assembled for non-streaming clients:
 # their chunks and whole answers were checked to match (vLLM, and the simulator)
 ASSEMBLE_OWNERS = frozenset({"vllm"})
+# a session hint longer than this, or with a control character, is no hint (not an error)
+MAX_SESSION_CHARS = 256
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 def new_request_id() -> str:
@@ -160,8 +166,27 @@ async def _route_request(
         block_hashes=hashes,
         num_prompt_tokens=num_tokens,
         max_tokens=parsed.max_tokens,
+        session=session_hint(request.headers, body, state.config.sessions),
     )
     return route_req, parsed.stream, body, text_bytes
+
+
+def session_hint(
+    headers: Mapping[str, str], body: Mapping[str, Any], config: SessionConfig
+) -> str | None:
+    """The request's session: the first configured header with a usable value, else the
+    body's ``user`` string (if configured); None without one. Unusable (empty, over
+    MAX_SESSION_CHARS, a control character) counts as absent: a hint is never refused."""
+    for name in config.headers:
+        value = headers.get(name)
+        if value is not None and _usable(value):
+            return value
+    user = body.get("user") if config.use_user_field else None
+    return user if isinstance(user, str) and _usable(user) else None
+
+
+def _usable(value: str) -> bool:
+    return 0 < len(value) <= MAX_SESSION_CHARS and _CONTROL.search(value) is None
 
 
 async def _route_keys(
@@ -307,6 +332,8 @@ async def _forward(
     tried: list[str] = []
     num_delivered = 0
     last: AttemptFailed | None = None
+    # where the session's last request went, before this one's dispatch replaces it
+    home = fleet.session_backend(req, clock()) if req.session is not None else None
     for attempt in range(limits.max_attempts):
         if last is not None and not (last.refused and num_delivered < MAX_DELIVERIES):
             break
@@ -322,6 +349,8 @@ async def _forward(
         ticket = fleet.dispatch(decision, req, clock())
         state.backends.begin_attempt(url)
         _count_prediction(state, decision.backend, ticket.predicted_cached_tokens, req)
+        if req.session is not None and len(tried) == 1:  # the placement, not its retries
+            state.metrics.count_session(session_result(home, url))
         ok = False
         try:
             # a stream's headers come at once; a whole answer only when it is generated
