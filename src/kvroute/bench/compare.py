@@ -28,6 +28,7 @@ from typing import Any
 
 import aiohttp
 
+from kvroute.bench.decisions import analyze
 from kvroute.bench.load import LoadConfig, default_load
 from kvroute.bench.metrics import RequestRecord, measured
 from kvroute.bench.procs import (
@@ -240,6 +241,9 @@ async def run_one(
             if router.returncode is not None:
                 raise RuntimeError(f"{spec.name} exited during the run:\n{router.tail()}")
     bench.result["router_decisions"] = decision_counts(bench.records)
+    analysis = analyze(bench.records)  # None for routers that send no decision header
+    if analysis is not None:
+        bench.result["decision_analysis"] = analysis.to_json()
     return bench, metrics_text
 
 

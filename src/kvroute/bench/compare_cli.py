@@ -11,9 +11,19 @@ sglang (sglang-router, cache_aware), vllm-router (cache_aware); the peers come w
 
 Outputs in --out: compare.json (router -> result.json, or {"skipped"|"error": why}),
 compare.txt (the table), compare_ttft_cdf.png, compare_bars.png, one folder per router
-(result.json, records.jsonl, plots) and logs/ (each process's output). With --speedup X
-the engines run X times faster and the client's think times and arrival gaps are divided
-by X, so the load keeps its shape; reported times are wall-clock (engine time = X x wall).
+(result.json, records.jsonl, plots) and logs/ (each process's output).
+
+For kvroute routers (which say why they routed each request) the table is followed by a
+decision analysis: the run cut into time windows with the share of each decision reason,
+the engine-reported hit rate and the P50 TTFT per window (a growing `load` share is a
+diversion spiral); per reason its hit rate, recomputed tokens and TTFT; per backend its
+requests, hit rate, TTFT, requests in flight and decision mix. It is also in compare.json
+(`decision_analysis`), compare.txt and <router>/decisions.png. `kvroute compare --analyze
+DIR [--windows N]` prints the table and the analysis of a finished run again.
+
+With --speedup X the engines run X times faster and the client's think times and arrival
+gaps are divided by X, so the load keeps its shape; reported times are wall-clock (engine
+time = X x wall).
 """
 
 from __future__ import annotations
@@ -25,7 +35,14 @@ from pathlib import Path
 from typing import Any
 
 from kvroute.bench.compare import CompareConfig, RouterOutcome, run_compare
-from kvroute.bench.compare_report import format_table, header_for, write_compare
+from kvroute.bench.compare_report import (
+    format_analyses,
+    format_table,
+    header_for,
+    load_compare,
+    write_compare,
+)
+from kvroute.bench.decisions import DEFAULT_WINDOWS
 from kvroute.bench.workloads import WORKLOAD_NAMES
 
 
@@ -80,9 +97,20 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
-        "--workload", required=True, help=f"one of: {', '.join(WORKLOAD_NAMES)} (or mooncake)"
+        "--workload", help=f"one of: {', '.join(WORKLOAD_NAMES)} (or mooncake); required"
     )
     p.add_argument("--trace", help="trace file for plain 'mooncake'")
+    p.add_argument(
+        "--analyze",
+        metavar="DIR",
+        help="run nothing: print the table and decision analysis of the comparison in DIR",
+    )
+    p.add_argument(
+        "--windows",
+        type=int,
+        default=DEFAULT_WINDOWS,
+        help=f"time windows of the decision analysis with --analyze (default {DEFAULT_WINDOWS})",
+    )
     add_run_options(p, out_help="output folder (default runs/compare-<time>)")
     p.set_defaults(
         func=main,
@@ -150,19 +178,44 @@ def run_and_report(args: argparse.Namespace, out: Path, command: str) -> int:
     except ValueError as exc:  # a bad workload name or parameter, found before any run
         print(f"kvroute {command}: {exc}", file=sys.stderr)
         return 2
-    return report(outcomes, out, plots=not args.no_plots)
+    return report(outcomes, out, plots=not args.no_plots, analysis=command == "compare")
 
 
-def report(outcomes: dict[str, RouterOutcome], out: Path, *, plots: bool) -> int:
+def report(
+    outcomes: dict[str, RouterOutcome], out: Path, *, plots: bool, analysis: bool = False
+) -> int:
+    """Print the table (and with ``analysis`` the decision analysis), write the outputs."""
     print()
     print(format_table(outcomes, header_for(outcomes)))
+    if analysis and (text := format_analyses(outcomes)):
+        print(f"\n{text}")
     paths = write_compare(outcomes, out, plots=plots)
-    print(f"\nwrote {out}/: " + ", ".join(p.name for p in paths.values()))
+    print(f"\nwrote {out}/: " + ", ".join(str(p.relative_to(out)) for p in paths.values()))
     ran = [o for o in outcomes.values() if o.skipped is None]
     ok = all(o.bench is not None and o.bench.result["completed"] > 0 for o in ran)
     return 0 if ran and ok else 1
 
 
+def analyze_run(run_dir: Path, num_windows: int) -> int:
+    """``--analyze DIR``: the table and the decision analysis of a written comparison."""
+    try:
+        if num_windows < 1:
+            raise ValueError("--windows must be >= 1")
+        outcomes = load_compare(run_dir)
+    except (OSError, ValueError) as exc:  # no such run, or not a compare.json
+        print(f"kvroute compare: {exc}", file=sys.stderr)
+        return 2
+    print(format_table(outcomes, header_for(outcomes)))
+    text = format_analyses(outcomes, num_windows)
+    print(f"\n{text}" if text else "\n(no router in this run recorded its decisions)")
+    return 0
+
+
 def main(args: argparse.Namespace) -> int:
+    if args.analyze:
+        return analyze_run(Path(args.analyze), args.windows)
+    if not args.workload:
+        print("kvroute compare: --workload is required (or --analyze DIR)", file=sys.stderr)
+        return 2
     out = Path(args.out) if args.out else default_out("compare")
     return run_and_report(args, out, "compare")

@@ -10,6 +10,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from kvroute.bench.compare import RouterOutcome
+from kvroute.bench.decisions import DecisionAnalysis
 from kvroute.bench.metrics import measured
 
 
@@ -60,4 +61,39 @@ def plot_bars(outcomes: Mapping[str, RouterOutcome], path: Path, title: str = ""
             ax.text(xi, v, f"{v:.3g}", ha="center", va="bottom", fontsize=7)
     if title:
         fig.suptitle(title.replace("; ", "\n"), fontsize=9)
+    return _save(fig, path)
+
+
+# one colour per reason in every run's plot; diversions in red
+_REASON_COLORS = {"prefix": "C0", "session": "C4", "cold": "C1", "load": "C3", "retry": "C5"}
+
+
+def plot_decisions(analysis: DecisionAnalysis, path: Path, title: str = "") -> Path:
+    """Share of each decision reason per time window (stacked) with the hit rate, and P50 TTFT.
+
+    A load spiral shows as the ``load`` band widening to the right while the TTFT bars grow.
+    """
+    windows = analysis.timeline
+    x = np.arange(len(windows))
+    labels = [f"{w.start_s:.0f}-{w.end_s:.0f}" for w in windows]
+    fig = Figure(figsize=(9, 6))
+    mix, ttft = fig.subplots(2, 1, sharex=True, height_ratios=(2, 1))
+    bottom = np.zeros(len(windows))
+    for i, reason in enumerate(analysis.reasons):
+        share = np.array([100.0 * w.decision_share.get(reason, 0.0) for w in windows])
+        color = _REASON_COLORS.get(reason, f"C{6 + i}")
+        mix.bar(x, share, bottom=bottom, color=color, label=reason, width=0.8)
+        bottom += share
+    hit = [np.nan if w.hit_rate is None else 100.0 * w.hit_rate for w in windows]
+    mix.plot(x, hit, color="black", marker="o", label="engine hit rate")
+    mix.set(ylabel="% of decisions / hit rate %", ylim=(0, 105))
+    mix.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    trend = analysis.diversion_trend
+    trend_text = "n/a" if trend is None else f"{100.0 * trend:+.1f} pp"
+    heading = title.replace("; ", "\n")
+    mix.set_title(f"{heading}\nload share, last window - first: {trend_text}", fontsize=9)
+    p50 = [np.nan if w.p50_ttft_ms is None else w.p50_ttft_ms for w in windows]
+    ttft.bar(x, p50, color="grey", width=0.8)
+    ttft.set(ylabel="P50 TTFT (ms, wall)", xlabel="send time window (s, wall)")
+    ttft.set_xticks(x, labels, fontsize=8)
     return _save(fig, path)

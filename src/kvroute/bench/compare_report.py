@@ -1,5 +1,9 @@
 """The comparison's outputs: one side-by-side table, compare.json, and overlay plots.
 
+Below the table, each kvroute router's decision analysis (``bench.decisions``): its
+decision mix over time, what each kind of decision cost, per backend. ``load_compare``
+reads a written comparison back, so ``kvroute compare --analyze DIR`` can print it again.
+
 Ratios are taken against round-robin (``BASELINE``): relative change in % for latencies,
 throughputs and imbalance; a difference in percentage points (pp) for the two rates.
 Times are what the client measured, in wall-clock milliseconds; with ``--speedup X``
@@ -9,6 +13,7 @@ says so).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -16,7 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from kvroute.bench.compare import BASELINE, RouterOutcome, safe_name
+from kvroute.bench.decisions import DEFAULT_WINDOWS, analyze, format_analysis
+from kvroute.bench.metrics import RequestRecord
 from kvroute.bench.report import jsonable, write_outputs
+from kvroute.bench.runner import BenchResult
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +132,19 @@ def header_for(outcomes: Mapping[str, RouterOutcome]) -> str:
     return ""
 
 
+def format_analyses(
+    outcomes: Mapping[str, RouterOutcome], num_windows: int = DEFAULT_WINDOWS
+) -> str:
+    """The decision analysis of every router whose records carry decisions ("" if none)."""
+    parts = []
+    for name, outcome in outcomes.items():
+        if outcome.bench is not None:
+            analysis = analyze(outcome.bench.records, num_windows)
+            if analysis is not None:
+                parts.append(format_analysis(name, analysis))
+    return "\n\n".join(parts)
+
+
 def write_compare(
     outcomes: Mapping[str, RouterOutcome], out_dir: str | Path, *, plots: bool = True
 ) -> dict[str, Path]:
@@ -133,14 +154,50 @@ def write_compare(
     paths = {"compare": out / "compare.json", "table": out / "compare.txt"}
     data = {name: o.to_json() for name, o in outcomes.items()}
     paths["compare"].write_text(json.dumps(jsonable(data), indent=2, allow_nan=False) + "\n")
-    paths["table"].write_text(format_table(outcomes, header_for(outcomes)) + "\n")
+    table = format_table(outcomes, header_for(outcomes))
+    analyses = format_analyses(outcomes)
+    paths["table"].write_text(table + (f"\n\n{analyses}" if analyses else "") + "\n")
     for name, outcome in outcomes.items():
         if outcome.bench is not None:
             write_outputs(outcome.bench, out / safe_name(name), plots=plots)
     if plots and any(o.bench is not None for o in outcomes.values()):
-        from kvroute.bench.compare_plots import plot_bars, plot_ttft_cdfs
+        from kvroute.bench.compare_plots import plot_bars, plot_decisions, plot_ttft_cdfs
 
         title = header_for(outcomes)
         paths["ttft_cdf"] = plot_ttft_cdfs(outcomes, out / "compare_ttft_cdf.png", title)
         paths["bars"] = plot_bars(outcomes, out / "compare_bars.png", title)
+        for name, outcome in outcomes.items():
+            analysis = analyze(outcome.bench.records) if outcome.bench is not None else None
+            if analysis is not None:
+                path = out / safe_name(name) / "decisions.png"
+                paths[f"decisions:{name}"] = plot_decisions(analysis, path, f"{name}: {title}")
     return paths
+
+
+def read_records(path: Path) -> list[RequestRecord]:
+    """records.jsonl as written by ``write_outputs`` (fields this version lacks are dropped)."""
+    names = {f.name for f in dataclasses.fields(RequestRecord)}
+    records = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            data = {k: v for k, v in json.loads(line).items() if k in names}
+            data["itl_s"] = tuple(data.get("itl_s") or ())
+            records.append(RequestRecord(**data))
+    return records
+
+
+def load_compare(out_dir: str | Path) -> dict[str, RouterOutcome]:
+    """A written comparison read back: compare.json and each router's records.jsonl."""
+    out = Path(out_dir)
+    data = json.loads((out / "compare.json").read_text())
+    outcomes = {}
+    for name, result in data.items():
+        if "skipped" in result:
+            outcomes[name] = RouterOutcome(name, skipped=result["skipped"])
+        elif "error" in result:
+            outcomes[name] = RouterOutcome(name, error=result["error"])
+        else:
+            records_path = out / safe_name(name) / "records.jsonl"
+            records = read_records(records_path) if records_path.exists() else []
+            outcomes[name] = RouterOutcome(name, BenchResult(result, records))
+    return outcomes
