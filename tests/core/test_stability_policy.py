@@ -56,6 +56,9 @@ class FakeView:
     def matched_blocks(self, url: str, block_hashes: Sequence[int]) -> int:
         return self.url_to_depth.get(url, 0)
 
+    def session_backend(self, session: str | None) -> str | None:
+        return None
+
     def estimate_ttft_s(self, url: str, request: RouteRequest, cached_tokens: int) -> float:
         uncached = request.num_prompt_tokens - cached_tokens
         return self.cost.overhead_s + self.url_to_queue_s[url] + uncached / self.rate

@@ -53,6 +53,14 @@ class PrefixPolicy(Policy):
     - 20 % of the home's estimate: the learned rate's error (a burst of outliers moves it
       by up to ~8 %, cost.PrefillRate) and the queue's drift while the request waits scale
       with the estimate, so the margin does too.
+    A session hint (``RouteRequest.session``: the client's session header or ``user``)
+    joins the candidates with the backend the session's last request went to, if that one
+    is eligible. It breaks ties only: when it holds the deepest match as another holder
+    does (the session's harness prompt on every backend while the cache model has let the
+    session's own context go), it is the home ("session"), and the diversion rule above
+    still applies, so the cost model can move a session whose home got too busy. It never
+    outranks a deeper match elsewhere: the index knows where the context is, the hint only
+    where it was sent.
     Among candidates worth diverting to, the lowest charged estimate wins, then the deeper
     match. Exact ties go to the highest rendezvous hash of (first uncached block key, URL),
     so independent router processes make the same choice. The prediction is the matched
@@ -96,7 +104,11 @@ class PrefixPolicy(Policy):
         url_to_depth = dict(view.match(hashes, self.max_holders))
         deepest = max(url_to_depth.values(), default=0)
         tie_key = int(hashes[min(deepest, len(hashes) - 1)]) if hashes else 0
-        for url in (*view.least_loaded(self.num_least_loaded), *self._homes(view, tie_key)):
+        session_url = view.session_backend(request.session)
+        extra = view.least_loaded(self.num_least_loaded) + self._homes(view, tie_key)
+        if session_url is not None:
+            extra.append(session_url)
+        for url in extra:
             if url not in url_to_depth:
                 url_to_depth[url] = view.matched_blocks(url, hashes) if deepest else 0
         if not url_to_depth:
@@ -110,8 +122,12 @@ class PrefixPolicy(Policy):
         best, reason = scored[0], "cold"
         if deepest:
             best = next(s for s in scored if url_to_depth[s[2]] == deepest)
+            home_reason = "prefix"
+            if session_url not in (None, best[2]) and url_to_depth[session_url] == deepest:
+                best = next(s for s in scored if s[2] == session_url)  # a tie it breaks
+                home_reason = "session"
             diverted = self._diversion(request, view, best, scored, url_to_depth)
-            best, reason = (best, "prefix") if diverted is None else (diverted, "load")
+            best, reason = (best, home_reason) if diverted is None else (diverted, "load")
         ttft_s, _, url, cached = best
         first = [url, *(s[2] for s in scored if s[2] != url)]
         return Decision(url, reason, cached, rest_by_load(view, first, self.ranked_limit), ttft_s)
