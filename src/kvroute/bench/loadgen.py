@@ -93,6 +93,7 @@ async def send_request(
         async with session.post(
             target_url.rstrip("/") + spec.path,
             json=spec.body(model, stream=stream, ignore_eos=ignore_eos),
+            headers=dict(spec.headers) if spec.headers else None,
             timeout=aiohttp.ClientTimeout(total=timeout_s),
         ) as resp:
             status = resp.status

@@ -71,6 +71,7 @@ class RequestSpec:
     turn: int = 0  # position in its session, 0-based
     arrival_s: float | None = None  # trace replay: send time from run start; None: load decides
     think_time_s: float = 0.0  # pause after the previous turn of the session, before this one
+    headers: tuple[tuple[str, str], ...] = ()  # extra HTTP headers (name, value), e.g. a session id
 
     def __post_init__(self) -> None:
         if self.endpoint not in ENDPOINT_PATHS:
@@ -83,6 +84,8 @@ class RequestSpec:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.think_time_s < 0:
             raise ValueError("think_time_s must be >= 0")
+        if any(not name or ":" in name for name, _ in self.headers):
+            raise ValueError("header names must be non-empty and have no ':'")
 
     @classmethod
     def chat(
@@ -134,8 +137,14 @@ class RequestSpec:
         return body
 
     def to_json(self) -> str:
-        """Canonical JSON of the spec (used to check determinism byte for byte)."""
-        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+        """Canonical JSON of the spec (used to check determinism byte for byte).
+
+        ``headers`` appears only when set, so specs without headers keep their bytes.
+        """
+        fields = asdict(self)
+        if not self.headers:
+            del fields["headers"]
+        return json.dumps(fields, sort_keys=True, separators=(",", ":"))
 
 
 Session = tuple[RequestSpec, ...]  # turns of one conversation, in order; lone requests: 1 turn

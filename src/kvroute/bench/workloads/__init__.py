@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
+from kvroute.bench.workloads.agentic import Agentic, AgenticParams
 from kvroute.bench.workloads.base import Workload, WorkloadDefaults, apply_overrides
 from kvroute.bench.workloads.mooncake import MooncakeParams, MooncakeReplay, TraceRow
 from kvroute.bench.workloads.multiturn import Multiturn, MultiturnParams, ZipfHot, ZipfHotParams
@@ -31,6 +32,7 @@ SYNTHETIC: dict[str, tuple[type[Workload], type]] = {
     "b2b": (B2b, B2bParams),
     "multiturn": (Multiturn, MultiturnParams),
     "zipf-hot": (ZipfHot, ZipfHotParams),
+    "agentic": (Agentic, AgenticParams),
 }
 WORKLOAD_NAMES: tuple[str, ...] = (*SYNTHETIC, "mooncake:PATH")
 
