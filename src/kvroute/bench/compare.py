@@ -45,6 +45,7 @@ from kvroute.bench.progress import rich_progress
 from kvroute.bench.runner import BenchResult, discover_model, run_benchmark
 from kvroute.bench.timescale import TimeScaled, scale_load
 from kvroute.bench.workloads import Workload, make_workload
+from kvroute.engine.profiles import get_profile
 
 BASELINE = "round_robin"  # ratios in the report are taken against this router
 
@@ -236,6 +237,7 @@ async def run_one(
                     progress=progress,
                     target_is_backend=False,
                     extra_config=_extra_config(config, spec, router_cmd),
+                    block_size=get_profile(config.profile).block_size,  # for the ceiling
                 )
             metrics_text = await _router_metrics(router_url)
             if router.returncode is not None:

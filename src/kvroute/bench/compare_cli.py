@@ -13,6 +13,10 @@ Outputs in --out: compare.json (router -> result.json, or {"skipped"|"error": wh
 compare.txt (the table), compare_ttft_cdf.png, compare_bars.png, one folder per router
 (result.json, records.jsonl, plots) and logs/ (each process's output).
 
+Beside the engines' measured hit rate the table gives the ceiling: the hit rate an
+infinite prefix cache would give over the requests that router's run sent, in the
+engines' blocks (compare.json: `cache_ceiling_hit_rate`).
+
 For kvroute routers (which say why they routed each request) the table is followed by a
 decision analysis: the run cut into time windows with the share of each decision reason,
 the engine-reported hit rate and the P50 TTFT per window (a growing `load` share is a

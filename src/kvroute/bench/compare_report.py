@@ -35,10 +35,13 @@ class Column:
     key: str  # result.json key
     kind: str  # "rate" (0..1, shown in %, compared in pp), "rel" (compared in %), "count"
     spec: str  # format of the value
+    versus_base: bool = True  # False: no change vs the baseline (not the router's doing)
 
 
 COLUMNS = (
     Column("engine hit", "engine_prefix_hit_rate", "rate", ".1f"),
+    # infinite-cache hit rate of the requests this run sent (bench/ceiling.py)
+    Column("ceiling", "cache_ceiling_hit_rate", "rate", ".1f", versus_base=False),
     Column("stickiness", "router_stickiness", "rate", ".1f"),
     Column("P50 TTFT ms", "median_ttft_ms", "rel", ".0f"),
     Column("P99 TTFT ms", "p99_ttft_ms", "rel", ".0f"),
@@ -66,7 +69,7 @@ def _cell(result: Mapping[str, Any], base: Mapping[str, Any] | None, col: Column
         return "n/a"
     shown = 100.0 * value if col.kind == "rate" else value
     text = format(shown, col.spec) + (" %" if col.kind == "rate" else "")
-    if base is not None and base is not result:
+    if base is not None and base is not result and col.versus_base:
         delta = change(value, base.get(col.key), col.kind)
         if delta:
             text += f" ({delta})"

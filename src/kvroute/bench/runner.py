@@ -15,6 +15,7 @@ from typing import Any
 
 import aiohttp
 
+from kvroute.bench.ceiling import DEFAULT_BLOCK_SIZE, SentSpecs, block_size_of, run_ceiling
 from kvroute.bench.fleet import engine_deltas, fleet_results
 from kvroute.bench.load import LoadConfig
 from kvroute.bench.loadgen import LoadGenerator, ProgressFn
@@ -66,6 +67,22 @@ async def scrape_all(
     return {backend_key(u): v for u, v in zip(urls, values, strict=True)}
 
 
+async def scrape_block_size(
+    session: aiohttp.ClientSession, urls: Sequence[str], timeout_s: float = 10.0
+) -> int | None:
+    """The engines' KV block size (``vllm:cache_config_info``) from the first that says."""
+    for url in urls:
+        try:
+            async with session.get(
+                metrics_url(url), timeout=aiohttp.ClientTimeout(total=timeout_s)
+            ) as resp:
+                if resp.status == 200 and (size := block_size_of(await resp.text())):
+                    return size
+        except (TimeoutError, aiohttp.ClientError, UnicodeDecodeError):
+            continue
+    return None
+
+
 async def discover_model(session: aiohttp.ClientSession, target_url: str) -> str | None:
     """First model id of the target's /v1/models, or None (then no "model" is sent)."""
     try:
@@ -91,6 +108,7 @@ async def run_benchmark(
     session: aiohttp.ClientSession | None = None,
     target_is_backend: bool = True,
     extra_config: dict[str, Any] | None = None,
+    block_size: int | None = None,
 ) -> BenchResult:
     """Run ``workload`` against ``target_url`` under ``load_config`` and measure it.
 
@@ -99,16 +117,19 @@ async def run_benchmark(
     ``target_is_backend``: attribute requests without an ``x-kvroute-backend`` header
     to the target itself (right for a single engine; pass False for a router that does
     not say where it sent a request). ``extra_config`` is merged into ``config``.
+    ``block_size``: the engines' KV block size for the infinite-cache ceiling
+    (``bench.ceiling``); None: read from the engines' /metrics, else vLLM's default 16.
     """
     own = session is None
     if session is None:
         session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
     try:
         model = load_config.model or await discover_model(session, target_url)
+        sent = SentSpecs(workload)  # the ceiling needs the prompts the records stand for
         gen = LoadGenerator(
             session,
             target_url,
-            workload,
+            sent,
             load_config,
             model=model,
             default_backend=backend_key(target_url) if target_is_backend else None,
@@ -118,13 +139,18 @@ async def run_benchmark(
         before = await scrape_all(session, backend_metrics_urls)
         duration_s = await gen.run()
         after = await scrape_all(session, backend_metrics_urls)
+        if block_size is None:
+            engines = list(backend_metrics_urls) or ([target_url] if target_is_backend else [])
+            block_size = await scrape_block_size(session, engines) or DEFAULT_BLOCK_SIZE
     finally:
         if own:
             await session.close()
     result = summarize(gen.records, duration_s)
     result.update(fleet_results(gen.records, engine_deltas(before, after)))
     described = workload.describe()
-    result["cache_ceiling_hit_rate"] = described.get("cache_ceiling_hit_rate")
+    # Over the requests this run sent; a trace's own ceiling stays under "workload".
+    result["cache_ceiling_hit_rate"] = run_ceiling(gen.records, sent.specs, block_size)
+    result["cache_ceiling_block_size"] = block_size
     result.update(
         workload=described,
         router=router,
