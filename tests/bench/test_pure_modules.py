@@ -8,7 +8,7 @@ import pathlib
 import pytest
 
 BENCH = pathlib.Path(__file__).resolve().parents[2] / "src" / "kvroute" / "bench"
-PURE = ["spec.py", "arrivals.py", "metrics.py", "fleet.py", "load.py", "sse.py"]
+PURE = ["spec.py", "arrivals.py", "metrics.py", "fleet.py", "load.py", "sse.py", "decisions.py"]
 PURE += [str(p.relative_to(BENCH)) for p in sorted((BENCH / "workloads").glob("*.py"))]
 FORBIDDEN = {"asyncio", "aiohttp", "socket", "time", "threading", "zmq"}
 
