@@ -20,8 +20,9 @@ import msgspec
 import zmq.asyncio
 
 from kvroute.bench.workloads import make_workload
+from kvroute.common.hashing import text_block_hashes
 from kvroute.core.fleet import Fleet
-from kvroute.core.keys import CHARS_PER_TOKEN, text_block_hashes
+from kvroute.core.keys import CHARS_PER_TOKEN
 from kvroute.core.policy import make_policy
 from kvroute.router.worker_sync import BusSpec, FleetBus
 

@@ -25,7 +25,7 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvroute.core.tokenizer import OUTPUT_WORDS, default_tokenizer
+from kvroute.common.tokenizer import OUTPUT_WORDS, default_tokenizer
 
 
 def make_prompt(tag: str, num_tokens: int, rng: random.Random) -> str:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import zmq
 
-from kvroute.engine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, decode_batch
+from kvroute.common.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, decode_batch
 
 
 @dataclass(slots=True)

@@ -4,7 +4,7 @@ vLLM's ``--load-format dummy`` draws random weights from ``config.json``, so the
 directory needs no weights: only the config, a tokenizer and a chat template. The
 tokenizer is a byte-level BPE trained here on local text (this Python's own standard
 library sources), so nothing is downloaded. The chat template renders exactly the text
-of ``kvroute.core.chat.render_chat`` for plain string contents, so the router's
+of ``kvroute.common.chat.render_chat`` for plain string contents, so the router's
 approximate keys cut the same text the engine tokenizes.
 
 Run with the vLLM venv (it has ``tokenizers`` and ``jinja2``):
@@ -24,7 +24,7 @@ from pathlib import Path
 VOCAB_SIZE = 4096
 SPECIAL_TOKENS = ("<s>", "</s>", "<unk>")
 
-# Same text as kvroute.core.chat.render_chat for string contents and no tools.
+# Same text as kvroute.common.chat.render_chat for string contents and no tools.
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|' + message['role'] + '|>\\n' }}"

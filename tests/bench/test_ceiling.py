@@ -19,7 +19,7 @@ from kvroute.bench.ceiling import (
 from kvroute.bench.metrics import RequestRecord
 from kvroute.bench.spec import RequestSpec
 from kvroute.bench.workloads import make_workload
-from kvroute.core.tokenizer import default_tokenizer
+from kvroute.common.tokenizer import default_tokenizer
 from kvroute.engine.engine import Engine
 from kvroute.engine.profiles import get_profile
 from kvroute.sim import protocol

@@ -2,19 +2,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvroute.core.chat import ChatFormatError, render_chat
-from kvroute.core.keys import (
-    ROOT_SEED,
-    Prompt,
-    PromptError,
-    chain_seed,
-    prompt_block_hashes,
-    prompt_of,
-    salt_of,
-    text_block_hashes,
-    token_block_hashes,
-)
-from kvroute.core.tokenizer import OUTPUT_WORDS, Tokenizer
+from kvroute.common.chat import ChatFormatError, render_chat
+from kvroute.common.hashing import ROOT_SEED, chain_seed, text_block_hashes, token_block_hashes
+from kvroute.common.tokenizer import OUTPUT_WORDS, Tokenizer
+from kvroute.core.keys import Prompt, PromptError, prompt_block_hashes, prompt_of, salt_of
 
 
 @given(st.text(max_size=300))

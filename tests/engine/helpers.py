@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from kvroute.core.keys import ROOT_SEED, token_block_hashes
+from kvroute.common.hashing import ROOT_SEED, token_block_hashes
 from kvroute.engine import PROFILES, Engine, EngineProfile, TokenOutput
 from kvroute.engine.request import Request
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from kvroute.common.kv_events import BlockRemoved, BlockStored
 from kvroute.engine.block_manager import BlockManager, PrefixHit
-from kvroute.engine.kv_events import BlockRemoved, BlockStored
 
 from .helpers import make_request, tokens
 

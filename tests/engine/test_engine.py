@@ -7,15 +7,9 @@ import random
 
 import pytest
 
-from kvroute.core.keys import token_block_hashes
-from kvroute.engine import (
-    PROFILES,
-    AllBlocksCleared,
-    BlockRemoved,
-    BlockStored,
-    Engine,
-    EngineProfile,
-)
+from kvroute.common.hashing import token_block_hashes
+from kvroute.common.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+from kvroute.engine import PROFILES, Engine, EngineProfile
 
 from .helpers import make_profile, run_to_completion, tokens
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from kvroute.common.hashing import token_block_hashes
+from kvroute.common.kv_events import BlockStored
 from kvroute.core.fleet import Fleet, FleetConfig
-from kvroute.core.keys import token_block_hashes
 from kvroute.core.policy import RouteRequest, make_policy
-from kvroute.engine.kv_events import BlockStored
 
 BS = 4  # tokens per block in these stories
 ENGINE_SEED = 0xDEAD_BEEF  # the engine's own chain root: unlike the router's

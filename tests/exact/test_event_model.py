@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from kvroute.common.hashing import chain_seed, token_block_hashes
+from kvroute.common.kv_events import BlockStored
 from kvroute.core.event_model import EventCacheModel
-from kvroute.core.keys import chain_seed, token_block_hashes
-from kvroute.engine.kv_events import BlockStored
 from tests.exact.helpers import BS, engine_hashes, router_keys, stored, tokens
 
 

@@ -13,8 +13,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
+from kvroute.common.kv_events import BlockStored
 from kvroute.core.event_model import EventCacheModel
-from kvroute.engine.kv_events import BlockStored
 from tests.exact.helpers import BS, engine_hashes, router_keys, stored
 
 prompts = st.lists(st.integers(1, 3), min_size=1, max_size=4).map(

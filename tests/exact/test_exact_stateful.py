@@ -6,8 +6,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from kvroute.core.keys import token_block_hashes
-from kvroute.engine.kv_events import AllBlocksCleared, BlockRemoved
+from kvroute.common.hashing import token_block_hashes
+from kvroute.common.kv_events import AllBlocksCleared, BlockRemoved
 from tests.exact.helpers import BS, ENGINE_SEED, exact_fleet, request, stored, url
 
 prompts = st.lists(st.integers(1, 3), min_size=1, max_size=5).map(

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from kvroute.core.fleet import FleetConfig
-from kvroute.core.keys import chain_seed, token_block_hashes
-from kvroute.core.kv_sync import KvOutcome
-from kvroute.engine.kv_events import (
+from kvroute.common.hashing import chain_seed, token_block_hashes
+from kvroute.common.kv_events import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
     decode_batch,
     encode_batch,
 )
+from kvroute.core.fleet import FleetConfig
+from kvroute.core.kv_sync import KvOutcome
 from tests.exact.helpers import (
     BS,
     engine_hashes,

@@ -10,10 +10,10 @@ from collections.abc import AsyncIterator
 import msgspec
 import pytest
 
+from kvroute.common.hashing import token_block_hashes
+from kvroute.common.kv_events import AllBlocksCleared, BlockStored
 from kvroute.core.fleet import Fleet, FleetConfig
-from kvroute.core.keys import token_block_hashes
 from kvroute.core.policy import make_policy
-from kvroute.engine.kv_events import AllBlocksCleared, BlockStored
 from kvroute.router.kv_subscriber import KvEventSubscriber
 from kvroute.sim.kv_publisher import KvEventPublisher
 from tests.conftest import until

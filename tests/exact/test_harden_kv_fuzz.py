@@ -16,8 +16,8 @@ import msgspec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvroute.core.keys import token_block_hashes
-from kvroute.engine.kv_events import AllBlocksCleared, encode_batch
+from kvroute.common.hashing import token_block_hashes
+from kvroute.common.kv_events import AllBlocksCleared, encode_batch
 from kvroute.router.kv_subscriber import KvEventSubscriber
 from kvroute.sim.kv_publisher import KvEventPublisher
 from tests.exact.test_harden_kv_feed import URL, fleet_of, joined

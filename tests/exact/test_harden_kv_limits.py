@@ -8,12 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvroute.core.event_model import EventCacheModel
-from kvroute.core.fleet import Fleet, FleetConfig
-from kvroute.core.index import LruCacheModel, PrefixIndex
-from kvroute.core.kv_sync import ExactSync, KvOutcome
-from kvroute.core.policy import make_policy
-from kvroute.engine.kv_events import (
+from kvroute.common.kv_events import (
     AllBlocksCleared,
     BatchReader,
     BlockRemoved,
@@ -24,6 +19,11 @@ from kvroute.engine.kv_events import (
     encode_batch,
     split_events,
 )
+from kvroute.core.event_model import EventCacheModel
+from kvroute.core.fleet import Fleet, FleetConfig
+from kvroute.core.index import LruCacheModel, PrefixIndex
+from kvroute.core.kv_sync import ExactSync, KvOutcome
+from kvroute.core.policy import make_policy
 from tests.exact.helpers import BS, engine_hashes, router_keys, stored, tokens
 
 SMALL = KvEventLimits(

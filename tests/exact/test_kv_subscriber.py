@@ -11,11 +11,11 @@ import aiohttp
 import pytest
 
 import kvroute.sim.kv_publisher as kv_publisher
+from kvroute.common.hashing import token_block_hashes
+from kvroute.common.kv_events import AllBlocksCleared, BlockRemoved, encode_batch
+from kvroute.common.tokenizer import default_tokenizer
 from kvroute.core.fleet import Fleet, FleetConfig
-from kvroute.core.keys import token_block_hashes
 from kvroute.core.policy import make_policy
-from kvroute.core.tokenizer import default_tokenizer
-from kvroute.engine.kv_events import AllBlocksCleared, BlockRemoved, encode_batch
 from kvroute.router.kv_subscriber import KvEventSubscriber
 from kvroute.sim.kv_publisher import KvEventPublisher
 from kvroute.sim.server import SimBackend, SimFleet, start_fleet

@@ -17,9 +17,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import zmq
 import zmq.asyncio
 
+from kvroute.common.kv_events import AllBlocksCleared
 from kvroute.core.fleet import Fleet, FleetConfig
 from kvroute.core.policy import make_policy
-from kvroute.engine.kv_events import AllBlocksCleared
 from kvroute.router.kv_subscriber import KvEventSubscriber
 from kvroute.sim.kv_publisher import END_SEQ, KvEventPublisher
 from tests.conftest import until

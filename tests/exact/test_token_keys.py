@@ -6,9 +6,10 @@ import json
 
 import pytest
 
-from kvroute.core.keys import PromptError, token_block_hashes
+from kvroute.common.hashing import token_block_hashes
+from kvroute.common.tokenizer import default_tokenizer
+from kvroute.core.keys import PromptError
 from kvroute.core.token_keys import BuiltinPromptTokenizer, exact_route_keys
-from kvroute.core.tokenizer import default_tokenizer
 from kvroute.sim.protocol import prompt_ids
 
 CHAT = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]

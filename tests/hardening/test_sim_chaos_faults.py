@@ -11,7 +11,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from kvroute.engine.kv_events import decode_batch
+from kvroute.common.kv_events import decode_batch
 from kvroute.sim.faults import Faults, parse_fault_spec
 from kvroute.sim.kv_publisher import garbage_message
 from kvroute.sim.server import SimFleet, start_fleet

@@ -22,8 +22,8 @@ from events import EventTally, apply_event  # noqa: E402
 from fleet import kv_endpoints  # noqa: E402
 from make_model import CHAT_TEMPLATE, llama_config, tokenizer_config  # noqa: E402
 
-from kvroute.core.chat import render_chat  # noqa: E402
-from kvroute.engine.kv_events import (  # noqa: E402
+from kvroute.common.chat import render_chat  # noqa: E402
+from kvroute.common.kv_events import (  # noqa: E402
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,

@@ -19,8 +19,8 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from kvroute.common.tokenizer import OUTPUT_WORDS
 from kvroute.core.fleet import BackendState
-from kvroute.core.tokenizer import OUTPUT_WORDS
 from kvroute.engine.profiles import get_profile
 from kvroute.router.app import make_app
 from kvroute.router.state import STATE

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from kvroute.core.chat import render_chat
-from kvroute.core.tokenizer import default_tokenizer
+from kvroute.common.chat import render_chat
+from kvroute.common.tokenizer import default_tokenizer
 from tests.sim.helpers import post, stream_events
 
 CHAT = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi!"}]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvroute.core.tokenizer import default_tokenizer
+from kvroute.common.tokenizer import default_tokenizer
 from tests.sim.helpers import long_prompt, post, scrape
 
 HITS = "vllm:prefix_cache_hits_total"

@@ -9,8 +9,8 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from kvroute.core.tokenizer import default_tokenizer
-from kvroute.engine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, decode_batch
+from kvroute.common.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, decode_batch
+from kvroute.common.tokenizer import default_tokenizer
 from tests.sim.helpers import long_prompt, post
 
 _fresh = itertools.count()

@@ -10,7 +10,7 @@ cache but are not counted, as the engine counters of a run leave them out.
 
 Prompts are keyed as the simulated engines key them: the built-in tokenizer over
 ``RequestSpec.prompt_text()`` (the rendered chat template for chat), chained block
-hashes from ``kvroute.core.keys``. Against a real engine the tokenizer differs, so
+hashes from ``kvroute.common.hashing``. Against a real engine the tokenizer differs, so
 there the ceiling is an estimate. One pass, one set of hashes: cheap next to a run.
 
 A router that ends a closed-loop run with slightly different requests in flight sends
@@ -28,8 +28,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvroute.bench.metrics import RequestRecord
 from kvroute.bench.spec import RequestSpec, Session
 from kvroute.bench.workloads.base import Workload
-from kvroute.core.keys import token_block_hashes
-from kvroute.core.tokenizer import Tokenizer, default_tokenizer
+from kvroute.common.hashing import token_block_hashes
+from kvroute.common.tokenizer import Tokenizer, default_tokenizer
 
 DEFAULT_BLOCK_SIZE = 16  # vLLM's default on GPUs, and every built-in engine profile's
 

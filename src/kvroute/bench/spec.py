@@ -4,7 +4,7 @@ A workload produces ``RequestSpec`` values and nothing else: no sockets, no cloc
 global random. The HTTP load generator turns a spec into a POST; the discrete-event
 simulator feeds ``prompt_text()`` to its engines. Both therefore see the same requests.
 
-Sizes are exact in tokens of ``kvroute.core.tokenizer``: synthetic text is a run of
+Sizes are exact in tokens of ``kvroute.common.tokenizer``: synthetic text is a run of
 ``OUTPUT_WORDS`` joined by single spaces, and each such word (four letters at most) is
 one token, so ``n`` words are ``n`` tokens.
 """
@@ -17,8 +17,8 @@ import random
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from kvroute.core.chat import render_chat
-from kvroute.core.tokenizer import OUTPUT_WORDS, default_tokenizer
+from kvroute.common.chat import render_chat
+from kvroute.common.tokenizer import OUTPUT_WORDS, default_tokenizer
 
 ENDPOINT_PATHS: dict[str, str] = {
     "chat": "/v1/chat/completions",

@@ -29,8 +29,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 
+from kvroute.common.hashing import ROOT_SEED, token_block_hashes
 from kvroute.core.index import CacheModel
-from kvroute.core.keys import ROOT_SEED, token_block_hashes
 
 # removed engine hash -> router key entries kept for late children: a child stored after
 # its parent's removal names a recently removed parent, so one engine's capacity of

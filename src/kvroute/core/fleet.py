@@ -41,6 +41,7 @@ from typing import Protocol
 
 import xxhash
 
+from kvroute.common.kv_events import BlockStored, KvEvent
 from kvroute.core.calibration import TextCalibration
 from kvroute.core.cost import CostConfig, PrefillRate, estimate_ttft_s, work_tokens
 from kvroute.core.index import LruCacheModel, PrefixIndex
@@ -56,7 +57,6 @@ from kvroute.core.policy.base import (
 )
 from kvroute.core.sessions import DEFAULT_MAX_ENTRIES, DEFAULT_TTL_S, SessionTable
 from kvroute.core.working_set import WorkingSet
-from kvroute.engine.kv_events import BlockStored, KvEvent
 
 
 class _Key:

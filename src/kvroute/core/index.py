@@ -6,7 +6,7 @@ dispatches) or ``core/event_model.EventCacheModel`` (exact mode: fed by the engi
 events, its changes mirrored through ``PrefixIndex.apply``). ``replace_model`` swaps one
 for the other when a backend's event stream becomes consistent or breaks.
 
-Blocks are chained keys (core/keys.py): a key determines its whole prefix. Every model
+Blocks are chained keys (common/hashing.py): a key determines its whole prefix. Every model
 keeps its holdings contiguous (a block is held only if its parent is), so the holders of
 block i+1 are a subset of the holders of block i. ``levels`` uses that nesting to find
 every holder's match depth with O(distinct depths x log(prompt blocks)) lookups, not a

@@ -1,10 +1,8 @@
 """Routing keys: request body -> prompt -> chained block hashes.
 
-A block's key chains its parent's key (used as the xxh3 seed) with the block's content,
-so equal keys mean equal prefixes up to and including that block, as in vLLM's prefix
-cache. Only full blocks get a key: a partial tail block is never cached by the engine.
-
-Two granularities:
+The hashing itself (chained xxh3 keys of full blocks, the chain root of a salted
+request) is ``common/hashing.py``, shared with the engine. This module reads a request
+body's prompt and picks the granularity:
 
 - text blocks of ``block_chars`` bytes of the UTF-8 prompt (approximate mode; about
   ``block_size * 4`` characters stand for one engine block of the built-in tokenizer;
@@ -20,17 +18,17 @@ not match unsalted ones.
 
 from __future__ import annotations
 
-from array import array
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import xxhash
+from kvroute.common.chat import ChatFormatError, render_chat
+from kvroute.common.hashing import (
+    ROOT_SEED,
+    byte_block_hashes,
+    text_block_hashes,
+    token_block_hashes,
+)
 
-from kvroute.core.chat import ChatFormatError, render_chat
-
-ROOT_SEED = 0x6B76_726F_7574_6531  # "kvroute1": the parent of every first block
-_MASK64 = (1 << 64) - 1
 CHARS_PER_TOKEN = 4
 MAX_TOKEN_ID = (1 << 31) - 1  # engines hold ids as int32; no vocabulary comes near it
 MAX_PROMPT_TOKEN_IDS = 1 << 24  # ids in one prompt: above any served context (10M)
@@ -90,15 +88,6 @@ def _token_ids(ids: list[Any]) -> tuple[int, ...]:
     return tuple(ids)
 
 
-def chain_seed(cache_salt: str | None = None, lora: str | int | None = None) -> int:
-    """The root of a request's key chain: requests with different salts or LoRA adapters
-    never share KV (vLLM's extra keys); ``ROOT_SEED`` for a plain request."""
-    if cache_salt is None and lora is None:
-        return ROOT_SEED
-    key = f"{cache_salt or ''}\x00{lora if lora is not None else ''}".encode()
-    return xxhash.xxh3_64_intdigest(key, ROOT_SEED)
-
-
 def salt_of(body: dict[str, Any]) -> str | None:
     """The body's ``cache_salt`` when it is a non-empty string (the engine rejects other
     values, so they route as unsalted and the engine's error is passed on)."""
@@ -106,42 +95,11 @@ def salt_of(body: dict[str, Any]) -> str | None:
     return salt if isinstance(salt, str) and salt else None
 
 
-def text_block_hashes(text: str, block_chars: int, parent: int = ROOT_SEED) -> list[int]:
-    """Chained keys of the full ``block_chars``-byte blocks of ``text`` (UTF-8)."""
-    return _byte_block_hashes(text.encode(), block_chars, parent)
-
-
 def text_route_keys(text: str, block_size: int, seed: int = ROOT_SEED) -> tuple[list[int], int]:
     """(``prompt_block_hashes`` of a text prompt, its UTF-8 length in bytes): the length
     is what approximate mode estimates tokens from (core/calibration.py)."""
     data = text.encode()
-    return _byte_block_hashes(data, block_size * CHARS_PER_TOKEN, seed), len(data)
-
-
-def _byte_block_hashes(data: bytes, block_chars: int, parent: int) -> list[int]:
-    hashes = []
-    digest = xxhash.xxh3_64_intdigest
-    for start in range(0, len(data) - block_chars + 1, block_chars):
-        parent = digest(data[start : start + block_chars], parent)
-        hashes.append(parent)
-    return hashes
-
-
-def token_block_hashes(
-    token_ids: Sequence[int], block_size: int, parent: int = ROOT_SEED
-) -> list[int]:
-    """Chained keys of the full ``block_size``-token blocks of ``token_ids``."""
-    try:
-        data = array("Q", token_ids).tobytes()  # ids in [0, 2**64): no per-id work
-    except (OverflowError, TypeError):
-        data = array("Q", [t & _MASK64 for t in token_ids]).tobytes()
-    step = block_size * 8
-    hashes = []
-    digest = xxhash.xxh3_64_intdigest
-    for start in range(0, len(data) - step + 1, step):
-        parent = digest(data[start : start + step], parent)
-        hashes.append(parent)
-    return hashes
+    return byte_block_hashes(data, block_size * CHARS_PER_TOKEN, seed), len(data)
 
 
 def prompt_block_hashes(prompt: Prompt, block_size: int, seed: int = ROOT_SEED) -> list[int]:

@@ -41,16 +41,16 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from kvroute.core.event_model import EventCacheModel
-from kvroute.core.index import LruCacheModel, PrefixIndex
-from kvroute.core.keys import chain_seed
-from kvroute.engine.kv_events import (
+from kvroute.common.hashing import chain_seed
+from kvroute.common.kv_events import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
     KvEvent,
     cache_salt_of,
 )
+from kvroute.core.event_model import EventCacheModel
+from kvroute.core.index import LruCacheModel, PrefixIndex
 
 MODES = ("approximate", "exact", "auto")
 

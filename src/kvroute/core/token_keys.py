@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from kvroute.core.keys import ROOT_SEED, Prompt, prompt_of, token_block_hashes
-from kvroute.core.tokenizer import default_tokenizer
+from kvroute.common.hashing import ROOT_SEED, token_block_hashes
+from kvroute.common.tokenizer import default_tokenizer
+from kvroute.core.keys import Prompt, prompt_of
 
 
 class PromptTokenizer(Protocol):

@@ -1,7 +1,7 @@
 """KV blocks with prefix caching, as in vLLM V1 (block pool + single-type manager).
 
 A block's hash chains its parent's hash (the xxh3 seed) with its token ids, the same
-keys ``kvroute.core.keys.token_block_hashes`` gives the router, so the engine's KV events
+keys ``common.hashing.token_block_hashes`` gives the router, so the engine's KV events
 name blocks exactly as exact-mode routing does. A request's ``hash_seed`` is the chain
 root: the shared root, or one mixed with extra keys (``cache_salt``, LoRA).
 """
@@ -12,8 +12,8 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from kvroute.core.keys import token_block_hashes
-from kvroute.engine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
+from kvroute.common.hashing import token_block_hashes
+from kvroute.common.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 from kvroute.engine.request import Request
 
 

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import xxhash
 
-from kvroute.core.keys import chain_seed, token_block_hashes
-from kvroute.core.tokenizer import default_tokenizer
+from kvroute.common.hashing import chain_seed, token_block_hashes
+from kvroute.common.kv_events import KvEvent
+from kvroute.common.tokenizer import default_tokenizer
 from kvroute.engine.block_manager import BlockManager
-from kvroute.engine.kv_events import KvEvent
 from kvroute.engine.profiles import EngineProfile
 from kvroute.engine.request import Request
 from kvroute.engine.scheduler import Scheduler

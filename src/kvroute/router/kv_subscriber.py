@@ -2,7 +2,7 @@
 
 Each backend's engine publishes ``[topic, 8-byte big-endian seq, msgpack batch]`` on a
 PUB socket (vLLM's ``ZmqEventPublisher``; our simulator's ``KvEventPublisher``). One task
-per backend receives, decodes (``engine.kv_events.decode_batch``: array or map events,
+per backend receives, decodes (``common.kv_events.decode_batch``: array or map events,
 int or 32-byte hashes) and hands each batch to the pure core, which checks sequence
 numbers and keeps the exact view (core/kv_sync.py).
 
@@ -50,15 +50,15 @@ from dataclasses import dataclass
 import zmq
 import zmq.asyncio
 
-from kvroute.core.fleet import Fleet
-from kvroute.core.kv_sync import KvOutcome
-from kvroute.engine.kv_events import (
+from kvroute.common.kv_events import (
     DEFAULT_LIMITS,
     BatchReader,
     KvEvent,
     KvEventLimits,
     split_events,
 )
+from kvroute.core.fleet import Fleet
+from kvroute.core.kv_sync import KvOutcome
 
 log = logging.getLogger(__name__)
 

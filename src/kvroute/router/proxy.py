@@ -30,14 +30,8 @@ from typing import Any
 
 from aiohttp import web
 
-from kvroute.core.keys import (
-    Prompt,
-    PromptError,
-    chain_seed,
-    prompt_block_hashes,
-    salt_of,
-    text_route_keys,
-)
+from kvroute.common.hashing import chain_seed
+from kvroute.core.keys import Prompt, PromptError, prompt_block_hashes, salt_of, text_route_keys
 from kvroute.core.policy.base import Decision, RouteRequest
 from kvroute.core.sessions import session_result
 from kvroute.core.token_keys import PromptTokenizer, exact_route_keys, prompt_token_ids

@@ -2,7 +2,7 @@
 
 Like vLLM's ``ZmqEventPublisher``: a PUB socket bound to ``endpoint`` sends each batch
 as three frames ``[topic, 8-byte big-endian sequence number, msgpack batch]`` (the batch
-from ``engine.kv_events.encode_batch``). Sequence numbers start at 0 and grow by one
+from ``common.kv_events.encode_batch``). Sequence numbers start at 0 and grow by one
 per batch, so a subscriber sees a gap when the high-water mark dropped one.
 
 Optionally a ROUTER socket on ``replay_endpoint`` serves missed batches: a DEALER
@@ -29,7 +29,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from kvroute.engine.kv_events import KvEvent, encode_batch
+from kvroute.common.kv_events import KvEvent, encode_batch
 from kvroute.sim.faults import Faults
 
 DEFAULT_TOPIC = "kv-events"

@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kvroute.core.chat import ChatFormatError, render_chat
-from kvroute.core.tokenizer import VOCAB_SIZE, Tokenizer
+from kvroute.common.chat import ChatFormatError, render_chat
+from kvroute.common.tokenizer import VOCAB_SIZE, Tokenizer
 
 DEFAULT_MAX_TOKENS = 16
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from kvroute.core.tokenizer import Tokenizer, default_tokenizer
+from kvroute.common.tokenizer import Tokenizer, default_tokenizer
 from kvroute.engine.engine import Engine, TokenOutput
 from kvroute.engine.profiles import EngineProfile, get_profile
 from kvroute.sim.faults import Faults

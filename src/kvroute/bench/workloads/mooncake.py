@@ -29,7 +29,7 @@ from typing import Any
 
 from kvroute.bench.spec import RequestSpec, Session
 from kvroute.bench.workloads.base import Workload, WorkloadDefaults
-from kvroute.core.tokenizer import OUTPUT_WORDS
+from kvroute.common.tokenizer import OUTPUT_WORDS
 
 MOONCAKE_BLOCK_TOKENS = 512
 

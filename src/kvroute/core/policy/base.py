@@ -26,7 +26,7 @@ class RouteRequest:
 
     request_id: str  # unique per request (the proxy's id), used in tickets and logs
     model: str | None  # requested model; None = any backend may serve it
-    block_hashes: Sequence[int]  # chained keys, one per full engine block (core/keys.py)
+    block_hashes: Sequence[int]  # chained keys, one per full engine block (common/hashing.py)
     num_prompt_tokens: int  # prompt length in tokens (estimate in approximate mode)
     max_tokens: int  # decode budget of the request, tokens
     # client session identity (a session header or the body's "user"), None without one;

@@ -14,8 +14,8 @@ import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvroute.core.chat import render_chat
-from kvroute.core.tokenizer import OUTPUT_WORDS, Tokenizer
+from kvroute.common.chat import render_chat
+from kvroute.common.tokenizer import OUTPUT_WORDS, Tokenizer
 
 # (text, xxh64 of its ids packed as uint64, number of ids): computed with the unbounded
 # tokenizer before this change (commit 8101351).

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvroute.core import tokenizer as tok
+from kvroute.common import tokenizer as tok
 
 # the characters the piece pattern tells apart: letters, digits, symbols, whitespace
 TEXT = st.text(alphabet=st.sampled_from("ab Z9 0.,-\n\t  é中"), max_size=300)

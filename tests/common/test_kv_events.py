@@ -5,14 +5,14 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from kvroute.engine import (
+from kvroute.common.kv_events import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
+    cache_salt_of,
     decode_batch,
     encode_batch,
 )
-from kvroute.engine.kv_events import cache_salt_of
 
 EVENTS = [
     BlockStored([11, 12], None, list(range(32)), 16),
