@@ -21,8 +21,8 @@ from kvroute.bench.spec import RequestSpec
 from kvroute.bench.workloads import make_workload
 from kvroute.common.tokenizer import default_tokenizer
 from kvroute.engine.engine import Engine
-from kvroute.engine.profiles import get_profile
 from kvroute.sim import protocol
+from kvroute.sim.profiles import get_profile
 
 BS = 16
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import time
 
-from kvroute.engine import Engine, get_profile
+from kvroute.engine import Engine
+from kvroute.sim.profiles import get_profile
 
 
 def busy_decode(num_seqs: int, num_steps: int = 500) -> float:

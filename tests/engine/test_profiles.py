@@ -8,7 +8,8 @@ import re
 
 import pytest
 
-from kvroute.engine import PROFILES, EngineProfile, get_profile, load_profile
+from kvroute.engine import PROFILES, EngineProfile
+from kvroute.sim.profiles import get_profile, load_profile
 
 TABLE = {  # engine-model.md: kv tokens, t_fwd0, b, c, k_ctx, a_api
     "llama-3.1-8b-a100": (440_000, 12, 0.090, 3.4e-6, 1.26e-4, 15),

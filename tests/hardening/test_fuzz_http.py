@@ -32,11 +32,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvroute.bench.hardening import is_openai_error
-from kvroute.engine.profiles import get_profile
 from kvroute.router.app import make_app
 from kvroute.router.config import BackendConfig, HealthConfig, LimitConfig, RouterConfig
 from kvroute.router.listener import Listeners, start_listeners
 from kvroute.router.state import STATE, RouterState
+from kvroute.sim.profiles import get_profile
 from kvroute.sim.server import SimFleet, start_fleet
 
 MODEL = "fuzz-model"

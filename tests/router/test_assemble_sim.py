@@ -21,9 +21,9 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from kvroute.common.tokenizer import OUTPUT_WORDS
 from kvroute.core.fleet import BackendState
-from kvroute.engine.profiles import get_profile
 from kvroute.router.app import make_app
 from kvroute.router.state import STATE
+from kvroute.sim.profiles import get_profile
 from kvroute.sim.server import SimFleet, start_fleet
 from tests.router.conftest import assert_no_load, router_config
 

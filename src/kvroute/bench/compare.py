@@ -45,7 +45,7 @@ from kvroute.bench.progress import rich_progress
 from kvroute.bench.runner import BenchResult, discover_model, run_benchmark
 from kvroute.bench.timescale import TimeScaled, scale_load
 from kvroute.bench.workloads import Workload, make_workload
-from kvroute.engine.profiles import get_profile
+from kvroute.sim.profiles import get_profile
 
 BASELINE = "round_robin"  # ratios in the report are taken against this router
 

@@ -1,9 +1,10 @@
 """Pure vLLM-V1-like engine model: prefix-cached KV blocks, continuous batching with
 chunked prefill, a step-time model and hardware/model profiles. No I/O; time is passed in.
-Its KV events are the types of ``kvroute.common.kv_events``."""
+Its KV events are the types of ``kvroute.common.kv_events``; a profile from a YAML
+file is read by ``kvroute.sim.profiles``."""
 
 from kvroute.engine.engine import Engine, EngineStats, StepResult, TokenOutput
-from kvroute.engine.profiles import PROFILES, EngineProfile, get_profile, load_profile
+from kvroute.engine.profiles import PROFILES, EngineProfile
 
 __all__ = [
     "PROFILES",
@@ -12,6 +13,4 @@ __all__ = [
     "EngineStats",
     "StepResult",
     "TokenOutput",
-    "get_profile",
-    "load_profile",
 ]

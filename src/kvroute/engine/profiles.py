@@ -1,19 +1,16 @@
 """Engine profiles: the hardware/model constants of the step-time and cache model.
 
 A profile is data: the built-in table (docs: engine-model.md) or a user's YAML file with
-the same field names, e.g. constants fitted from their own vLLM. Every field is range
-checked when the profile is built, so a bad YAML file fails at load, naming the field.
+the same field names, e.g. constants fitted from their own vLLM (read by
+``sim/profiles.py``: this package does no I/O). Every field is range checked when the
+profile is built, so a bad YAML file fails at load, naming the field.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import pathlib
 from dataclasses import dataclass
 from typing import Any
-
-import yaml
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,38 +87,3 @@ PROFILES: dict[str, EngineProfile] = {
              max_num_batched_tokens=1_048_576, per_seq_ms=0.0),
     )
 }  # fmt: skip
-
-
-def load_profile(path: str | pathlib.Path) -> EngineProfile:
-    """Read a user profile from YAML (a mapping with EngineProfile's field names)."""
-    try:
-        text = pathlib.Path(path).read_text()
-    except OSError as exc:
-        raise ValueError(f"profile {str(path)!r}: cannot read: {exc.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ValueError(f"profile {str(path)!r}: not valid YAML: {exc}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"profile {str(path)!r}: expected a mapping of profile fields")
-    known = {f.name for f in dataclasses.fields(EngineProfile)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise ValueError(f"profile {str(path)!r}: unknown fields {unknown}")
-    data.setdefault("name", pathlib.Path(path).stem)
-    try:
-        return EngineProfile(**data)
-    except TypeError as exc:  # a required field is missing
-        raise ValueError(f"profile {str(path)!r}: {exc}") from None
-
-
-def get_profile(name_or_yaml_path: str) -> EngineProfile:
-    """A built-in profile by name, or a YAML file's profile when given a path."""
-    if name_or_yaml_path in PROFILES:
-        return PROFILES[name_or_yaml_path]
-    if name_or_yaml_path.endswith((".yaml", ".yml")) or pathlib.Path(name_or_yaml_path).is_file():
-        return load_profile(name_or_yaml_path)
-    raise ValueError(
-        f"unknown engine profile {name_or_yaml_path!r}; known: {', '.join(PROFILES)}"
-        " (or a path to a YAML file)"
-    )

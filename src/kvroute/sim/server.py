@@ -27,10 +27,11 @@ from aiohttp import web
 
 from kvroute.common.tokenizer import Tokenizer, default_tokenizer
 from kvroute.engine.engine import Engine, TokenOutput
-from kvroute.engine.profiles import EngineProfile, get_profile
+from kvroute.engine.profiles import EngineProfile
 from kvroute.sim.faults import Faults
 from kvroute.sim.kv_publisher import KvEventPublisher
 from kvroute.sim.metrics import SimMetrics
+from kvroute.sim.profiles import get_profile
 
 FREE_STEPS_PER_YIELD = 256  # zero-time steps run before letting the handlers run
 
