@@ -25,11 +25,11 @@ from aiohttp import web
 
 from kvroute.engine.engine import TokenOutput
 from kvroute.sim import protocol
+from kvroute.sim.engine_loop import EngineLoop, TokenStream
 from kvroute.sim.metrics import CONTENT_TYPE
 from kvroute.sim.protocol import ApiError, SimRequest
-from kvroute.sim.server import SimBackend, TokenStream
 
-BACKEND = web.AppKey("backend", SimBackend)
+BACKEND = web.AppKey("backend", EngineLoop)
 MAX_BODY_BYTES = 64 * 1024 * 1024
 SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 DONE = b"data: [DONE]\n\n"
@@ -37,7 +37,7 @@ _encode = msgspec.json.encode
 _decode = msgspec.json.decode
 
 
-def make_sim_app(backend: SimBackend) -> web.Application:
+def make_sim_app(backend: EngineLoop) -> web.Application:
     """The app serving ``backend``; its startup/cleanup run the engine loop."""
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     app[BACKEND] = backend
@@ -90,7 +90,7 @@ class _Progress:
     ttft_s: float | None = None
     finish_reason: str | None = None
 
-    def on_token(self, out: TokenOutput, stream: TokenStream, backend: SimBackend) -> None:
+    def on_token(self, out: TokenOutput, stream: TokenStream, backend: EngineLoop) -> None:
         self.num_output += 1
         self.num_cached = out.num_cached_tokens
         self.finish_reason = out.finish_reason
@@ -149,7 +149,7 @@ async def _serve(request: web.Request, chat: bool) -> web.StreamResponse:
         )
 
 
-async def _apply_request_faults(backend: SimBackend) -> None:
+async def _apply_request_faults(backend: EngineLoop) -> None:
     faults = backend.faults
     if faults.error_status is not None:
         kind = "ServiceUnavailableError" if faults.error_status == 503 else "InternalServerError"
@@ -165,7 +165,7 @@ async def _apply_request_faults(backend: SimBackend) -> None:
 
 
 async def _complete(
-    request: web.Request, backend: SimBackend, req: SimRequest,
+    request: web.Request, backend: EngineLoop, req: SimRequest,
     stream: TokenStream, progress: _Progress,
 ) -> web.StreamResponse:  # fmt: skip
     drop = backend.faults.drop_after_chunks
@@ -186,7 +186,7 @@ async def _complete(
 
 
 async def _stream(
-    request: web.Request, backend: SimBackend, req: SimRequest,
+    request: web.Request, backend: EngineLoop, req: SimRequest,
     stream: TokenStream, progress: _Progress,
 ) -> web.StreamResponse:  # fmt: skip
     """Relay tokens as SSE chunks; a client that goes away just ends the relay."""
@@ -217,7 +217,7 @@ async def _stream(
 
 
 def _next_chunks(
-    backend: SimBackend, req: SimRequest, progress: _Progress, created: int,
+    backend: EngineLoop, req: SimRequest, progress: _Progress, created: int,
     outs: list[TokenOutput], stream: TokenStream,
 ) -> list[dict[str, Any]]:  # fmt: skip
     """The SSE chunks of the tokens ``outs`` (written together, one token per chunk)."""
