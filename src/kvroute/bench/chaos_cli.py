@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kvroute.bench.chaos import FAULT_KINDS, ChaosConfig, ChaosResult, run_chaos, write_report
-from kvroute.bench.hardening import exit_on_sigterm
+from kvroute.bench.procs import exit_on_sigterm
 
 
 def _kinds(text: str) -> tuple[str, ...]:

@@ -8,15 +8,13 @@ Seeds, workload and load are identical across routers, so only the router differ
 A router that is not installed is reported as skipped; a router that fails to start or
 run is reported with its error; neither stops the others. Teardown always happens:
 processes are stopped in ``finally`` blocks (also on Ctrl-C and SIGTERM), and an
-``atexit`` hook kills any that survive an abrupt exit of the event loop.
+``atexit`` hook (bench/procs.py) kills any that survive an abrupt exit of the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import atexit
 import contextlib
-import os
 import re
 import signal
 import tempfile
@@ -123,36 +121,18 @@ def safe_name(router: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", router)
 
 
-# --- process safety net -------------------------------------------------------------
-
-_LIVE: set[ManagedProcess] = set()
-
-
-def _kill_survivors() -> None:
-    """atexit: SIGKILL the process group of every child still registered."""
-    for proc in list(_LIVE):
-        pid = proc.pid
-        if pid is not None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGKILL)
-
-
-atexit.register(_kill_survivors)
+# --- processes ------------------------------------------------------------------
 
 
 @contextlib.asynccontextmanager
 async def managed(name: str, cmd: list[str], log_path: Path) -> Any:
     """Start ``cmd`` as a ManagedProcess and always stop it on the way out."""
     proc = ManagedProcess(name, cmd, log_path)
-    _LIVE.add(proc)
     try:
         await proc.start()
         yield proc
     finally:
-        try:
-            await asyncio.shield(proc.stop())
-        finally:
-            _LIVE.discard(proc)
+        await asyncio.shield(proc.stop())
 
 
 @contextlib.contextmanager

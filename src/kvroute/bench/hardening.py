@@ -11,13 +11,10 @@ whole answer (or cuts it on purpose), thinks, and sends the next; the mix is see
 from __future__ import annotations
 
 import asyncio
-import atexit
 import contextlib
 import json
 import os
 import random
-import signal
-import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -29,27 +26,10 @@ import aiohttp
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvroute.bench.procs import ManagedProcess, free_port, free_port_range
+from kvroute.bench.procs import KVROUTE, ManagedProcess, free_port, free_port_range
 from kvroute.bench.sse import SseDecoder, read_chunk
 
 # ---- processes -----------------------------------------------------------------------
-
-_LIVE: set[ManagedProcess] = set()  # children to kill if the harness itself dies
-
-
-@atexit.register
-def _kill_survivors() -> None:
-    for proc in list(_LIVE):
-        if proc.pid is not None and proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-
-
-def exit_on_sigterm() -> None:
-    """SIGTERM (a CI job's timeout, ``kill``) ends the harness like Ctrl-C does, so its
-    ``finally`` blocks and ``_kill_survivors`` stop the simulators and router it started
-    (the default action would leave them running)."""
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
 
 
 class SimProcess:
@@ -70,7 +50,7 @@ class SimProcess:
         self.kv_events = kv_events
         self.num_starts = 0
         self._logs = logs
-        cmd = [sys.executable, "-m", "kvroute.cli", "sim", "--backends", "1"]
+        cmd = [*KVROUTE, "sim", "--backends", "1"]
         cmd += ["--port-base", str(self.http_port), "--profile", profile]
         cmd += ["--speedup", str(speedup), "--seed", str(index)]
         if kv_events:
@@ -100,21 +80,17 @@ class SimProcess:
         self.num_starts += 1
         log = self._logs / f"sim{self.index}.{self.num_starts}.log"
         self._proc = ManagedProcess(f"sim{self.index}", self.cmd, log)
-        _LIVE.add(self._proc)
         await self._proc.start()
         await self._proc.wait_ready([f"{self.url}/health"], timeout_s)
 
     def kill(self) -> None:
         """SIGKILL, as a crash: no drain, streams cut, the KV publisher gone."""
-        pid = self._proc.pid if self._proc is not None else None
-        if pid is not None and self.alive:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
+        if self._proc is not None and self.alive:
+            self._proc.kill()
 
     async def stop(self) -> None:
         if self._proc is not None:
             await self._proc.stop()
-            _LIVE.discard(self._proc)
 
 
 def sim_fleet(
@@ -164,7 +140,7 @@ class RouterProcess:
         self.config_path = logs / "router.yaml"
         logs.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(yaml.safe_dump(doc, sort_keys=False))
-        cmd = [sys.executable, "-m", "kvroute.cli", "serve", "--config", str(self.config_path)]
+        cmd = [*KVROUTE, "serve", "--config", str(self.config_path)]
         self._proc = ManagedProcess("router", cmd, logs / "router.log")
 
     @property
@@ -180,7 +156,6 @@ class RouterProcess:
         return self._proc.returncode
 
     async def start(self, timeout_s: float = 30.0) -> None:
-        _LIVE.add(self._proc)
         await self._proc.start()
         await self._proc.wait_ready([f"{self.url}/health"], timeout_s)
 
@@ -189,7 +164,6 @@ class RouterProcess:
 
     async def stop(self) -> None:
         await self._proc.stop()
-        _LIVE.discard(self._proc)
 
 
 @contextlib.asynccontextmanager

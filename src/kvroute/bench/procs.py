@@ -1,23 +1,33 @@
-"""Processes a comparison runs: a simulated fleet and one router in front of it.
+"""Child processes of the benchmarks: simulated fleets, routers, peers, bare backends.
 
 Each runs as its own OS process, as in production, so the load generator, the router
 and the engines do not share one event loop (a router in the load generator's loop
 would be measured against itself). Peers (sglang-router, vllm-router) are started
 through their own command lines with their own defaults.
+
+``ManagedProcess`` is the one way the harness starts a child: in a session of its own
+(so stopping its process group stops its workers too), output to a log file, stopped
+by SIGTERM then SIGKILL, and killed at exit if the harness dies first. It has async
+methods for the asyncio harnesses and ``*_sync`` twins for the synchronous scripts.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import importlib.util
 import os
+import re
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import time
-from collections.abc import Sequence
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +35,7 @@ import aiohttp
 
 KVROUTE_POLICIES = ("round_robin", "random", "least_load", "power_of_two", "consistent_hash")
 PEERS = ("sglang", "vllm-router")
+KVROUTE = (sys.executable, "-m", "kvroute.cli")  # the kvroute command of this Python
 
 
 class RouterUnavailable(RuntimeError):
@@ -58,6 +69,7 @@ def parse_router(name: str) -> RouterSpec:
 
 
 def free_port() -> int:
+    """A loopback TCP port nobody listens on now (the OS picks it)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -90,7 +102,7 @@ def router_command(
     ``kv_endpoints``: the backends' KV-event endpoints (same order), for exact mode.
     """
     if spec.kind == "kvroute":
-        cmd = [sys.executable, "-m", "kvroute.cli", "serve", "--policy", spec.policy]
+        cmd = [*KVROUTE, "serve", "--policy", spec.policy]
         for url in backends:
             cmd += ["--backend", url]
         if spec.mode is not None:
@@ -111,35 +123,100 @@ def router_command(
     return [exe, *common]
 
 
-class ManagedProcess:
-    """A child process with its output in a log file, stopped on exit."""
+def sim_command(
+    num_backends: int, port_base: int, profile: str, speedup: float, extra: Sequence[str] = ()
+) -> list[str]:
+    """``kvroute sim`` with N backends on ports ``port_base``.. (0: the OS picks)."""
+    cmd = [*KVROUTE, "sim", "--backends", str(num_backends)]
+    cmd += ["--port-base", str(port_base), "--profile", profile, "--speedup", str(speedup)]
+    return [*cmd, *extra]
 
-    def __init__(self, name: str, cmd: list[str], log_path: Path) -> None:
-        self.name = name
-        self.cmd = cmd
+
+# ---- one child process ---------------------------------------------------------------
+
+_LIVE: set[ManagedProcess] = set()  # started and not yet stopped
+
+
+@atexit.register
+def _kill_survivors() -> None:
+    """SIGKILL the process group of every child still running when the harness exits."""
+    for proc in list(_LIVE):
+        proc.kill()
+
+
+def exit_on_sigterm() -> None:
+    """SIGTERM (a CI job's timeout, ``kill``) ends the harness as Ctrl-C does, so its
+    ``finally`` blocks and the atexit hook stop the children it started (the default
+    action would leave them running)."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
+class ManagedProcess:
+    """A child process in its own session, with its output in a log file."""
+
+    def __init__(
+        self,
+        name: str,
+        cmd: Sequence[str],
+        log_path: Path,
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> None:
+        self.name = name  # label in errors and reports
+        self.cmd = list(cmd)
         self.log_path = log_path
-        self._proc: asyncio.subprocess.Process | None = None
-        self._log = None
+        self._env = None if env is None else dict(env)
+        self._cwd = cwd
+        self._popen: subprocess.Popen[bytes] | None = None
+
+    def launch(self) -> None:
+        """Start the child (it runs on; ``stop`` or ``stop_sync`` ends it)."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "wb") as log:  # the child keeps its own descriptor
+            self._popen = subprocess.Popen(
+                self.cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self._env,
+                cwd=self._cwd,
+                start_new_session=True,
+            )
+        _LIVE.add(self)
 
     async def start(self) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop())
-        self._proc = await asyncio.create_subprocess_exec(
-            *self.cmd,
-            stdout=self._log,
-            stderr=asyncio.subprocess.STDOUT,
-            stdin=asyncio.subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        self.launch()
 
     @property
     def pid(self) -> int | None:
         """The child's pid (also its process group id), once started."""
-        return None if self._proc is None else self._proc.pid
+        return None if self._popen is None else self._popen.pid
 
     @property
     def returncode(self) -> int | None:
-        return None if self._proc is None else self._proc.returncode
+        """None while it runs (or before it starts)."""
+        return None if self._popen is None else self._popen.poll()
+
+    @property
+    def alive(self) -> bool:
+        return self._popen is not None and self._popen.poll() is None
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def tail(self, num_lines: int = 20) -> str:
+        return "\n".join(self.log_text().splitlines()[-num_lines:])
+
+    def _check(self, what: str, deadline: float, timeout_s: float) -> None:
+        """Raise when the child died or the time for ``what`` is up."""
+        if self._popen is not None and self._popen.poll() is not None:
+            raise RuntimeError(f"{self.name} exited ({self.returncode}):\n{self.tail()}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{self.name}: no {what} in {timeout_s:.0f} s:\n{self.tail()}")
 
     async def wait_ready(self, urls: Sequence[str], timeout_s: float) -> None:
         """Wait until every ``url`` answers 200, or fail with the log's tail."""
@@ -147,45 +224,99 @@ class ManagedProcess:
         pending = list(urls)
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
             while pending:
-                if self.returncode is not None:
-                    raise RuntimeError(f"{self.name} exited ({self.returncode}):\n{self.tail()}")
-                if time.monotonic() > deadline:
-                    raise TimeoutError(
-                        f"{self.name} not ready in {timeout_s:.0f} s:\n{self.tail()}"
-                    )
-                url = pending[0]
+                self._check(f"answer from {pending[0]}", deadline, timeout_s)
                 with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
-                    async with session.get(url) as resp:
+                    async with session.get(pending[0]) as resp:
                         if resp.status == 200:
                             pending.pop(0)
                             continue
                 await asyncio.sleep(0.2)
 
-    def tail(self, num_lines: int = 20) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-num_lines:])
-        except OSError:
-            return ""
+    def wait_ready_sync(self, urls: Sequence[str], timeout_s: float) -> None:
+        """``wait_ready`` for synchronous callers."""
+        deadline = time.monotonic() + timeout_s
+        pending = list(urls)
+        while pending:
+            self._check(f"answer from {pending[0]}", deadline, timeout_s)
+            if http_ok(pending[0]):
+                pending.pop(0)
+            else:
+                time.sleep(0.2)
+
+    async def wait_line(self, pattern: str, timeout_s: float, count: int = 1) -> list[str]:
+        """The first ``count`` log lines matching ``pattern``, once there are that many."""
+        deadline = time.monotonic() + timeout_s
+        while len(found := self._lines(pattern)) < count:
+            self._check(f"line matching {pattern!r}", deadline, timeout_s)
+            await asyncio.sleep(0.1)
+        return found[:count]
+
+    def wait_line_sync(self, pattern: str, timeout_s: float, count: int = 1) -> list[str]:
+        """``wait_line`` for synchronous callers."""
+        deadline = time.monotonic() + timeout_s
+        while len(found := self._lines(pattern)) < count:
+            self._check(f"line matching {pattern!r}", deadline, timeout_s)
+            time.sleep(0.1)
+        return found[:count]
+
+    def _lines(self, pattern: str) -> list[str]:
+        regex = re.compile(pattern)
+        return [line for line in self.log_text().splitlines() if regex.search(line)]
+
+    def kill(self) -> None:
+        """SIGKILL the process group at once, as a crash."""
+        if self._popen is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self._popen.pid, signal.SIGKILL)
+
+    def _signal(self, sig: signal.Signals) -> None:
+        if self._popen is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self._popen.pid, sig)
 
     async def stop(self, grace_s: float = 5.0) -> None:
-        proc = self._proc
-        if proc is not None and proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                await asyncio.wait_for(proc.wait(), grace_s)
-            except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                await proc.wait()
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+        """SIGTERM the process group; SIGKILL it if the child outlives ``grace_s``."""
+        popen = self._popen
+        if popen is not None:
+            self._signal(signal.SIGTERM)
+            deadline = time.monotonic() + grace_s
+            while popen.poll() is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            self.kill()  # the leader is gone (or late): its workers go too
+            await asyncio.to_thread(popen.wait)
+        _LIVE.discard(self)
+
+    def stop_sync(self, grace_s: float = 5.0) -> None:
+        """``stop`` for synchronous callers."""
+        popen = self._popen
+        if popen is not None:
+            self._signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                popen.wait(grace_s)
+            self.kill()
+            popen.wait()
+        _LIVE.discard(self)
 
 
-def sim_command(
-    num_backends: int, port_base: int, profile: str, speedup: float, extra: Sequence[str] = ()
-) -> list[str]:
-    cmd = [sys.executable, "-m", "kvroute.cli", "sim", "--backends", str(num_backends)]
-    cmd += ["--port-base", str(port_base), "--profile", profile, "--speedup", str(speedup)]
-    return [*cmd, *extra]
+def http_ok(url: str, timeout_s: float = 2.0) -> bool:
+    """Whether a GET of ``url`` answers 200 now (synchronous)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def cpu_seconds(pid: int, *, children: bool = False) -> float:
+    """User + system CPU seconds of ``pid`` so far (and of its direct children), from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    paths = Path("/proc").glob("[0-9]*/stat") if children else [Path(f"/proc/{pid}/stat")]
+    for stat in paths:
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(stat.parent.name) == pid or (children and int(fields[1]) == pid):
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total

@@ -16,7 +16,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from kvroute.bench.hardening import exit_on_sigterm
+from kvroute.bench.procs import exit_on_sigterm
 from kvroute.bench.soak import Sample, SoakConfig, SoakResult, run_soak, write_outputs
 
 
