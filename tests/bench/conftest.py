@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 from aiohttp import web
 
-from tests.bench.fake_openai import FakeState, make_fake_app
+from kvroute.bench.fake_backend import FakeState, make_fake_app, router_like_state
 
 
 async def _start(state: FakeState) -> tuple[web.AppRunner, str]:
@@ -23,7 +23,7 @@ async def _start(state: FakeState) -> tuple[web.AppRunner, str]:
 
 @pytest.fixture
 async def fake() -> AsyncIterator[tuple[str, FakeState]]:
-    state = FakeState()
+    state = router_like_state()
     runner, url = await _start(state)
     yield url, state
     await runner.cleanup()
@@ -32,7 +32,7 @@ async def fake() -> AsyncIterator[tuple[str, FakeState]]:
 @pytest.fixture
 def fake_in_thread() -> Iterator[tuple[str, FakeState]]:
     """The fake server on its own loop in a thread, for code that calls asyncio.run."""
-    state, loop = FakeState(), asyncio.new_event_loop()
+    state, loop = router_like_state(), asyncio.new_event_loop()
     ready, box = threading.Event(), {}
 
     def serve() -> None:

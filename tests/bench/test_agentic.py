@@ -9,13 +9,13 @@ import json
 import pytest
 from aiohttp import web
 
+from kvroute.bench.fake_backend import make_fake_app, router_like_state
 from kvroute.bench.load import LoadConfig, default_load
 from kvroute.bench.runner import run_benchmark
 from kvroute.bench.spec import RequestSpec, count_tokens
 from kvroute.bench.timescale import TimeScaled
 from kvroute.bench.workloads import Workload, make_workload
 from kvroute.bench.workloads.agentic import Agentic, AgenticParams
-from tests.bench.fake_openai import FakeState, make_fake_app
 
 SMALL = {  # the default shape, shrunk so a test generates hundreds of sessions quickly
     "harness_tokens": "200,400",
@@ -180,7 +180,7 @@ def test_make_workload_overrides_and_defaults():
 
 
 async def test_load_generator_sends_the_session_header():
-    state, seen = FakeState(), []
+    state, seen = router_like_state(), []
 
     @web.middleware
     async def record(request: web.Request, handler):  # type: ignore[no-untyped-def]

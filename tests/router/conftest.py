@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from kvroute.bench.fake_backend import FakeBackend
 from kvroute.router.app import make_app
 from kvroute.router.config import BackendConfig, HealthConfig, LimitConfig, RouterConfig
 from kvroute.router.state import STATE, RouterState
 from tests.conftest import until
-from tests.router.fake_backend import FakeBackend
 
 
 class FakeClock:

@@ -10,13 +10,13 @@ from typing import Any
 import aiohttp
 from aiohttp.test_utils import TestClient
 
+from kvroute.bench.fake_backend import FakeBackend
 from kvroute.router.backends import BackendRuntime
 from kvroute.router.breaker import CircuitState
 from kvroute.router.config import BreakerConfig, TimeoutConfig
 from kvroute.router.state import RouterState
 from tests.conftest import until
 from tests.router.conftest import FakeClock, Harness
-from tests.router.fake_backend import FakeBackend
 
 BODY = b'{"model": "m1", "prompt": "hello", "max_tokens": 4}'
 STREAM = b'{"model": "m1", "prompt": "hello", "stream": true}'
