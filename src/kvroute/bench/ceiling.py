@@ -23,13 +23,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from kvroute.bench.metrics import RequestRecord
 from kvroute.bench.spec import RequestSpec, Session
 from kvroute.bench.workloads.base import Workload
 from kvroute.common.hashing import token_block_hashes
 from kvroute.common.tokenizer import Tokenizer, default_tokenizer
+from kvroute.common.vllm_metrics import parse_vllm_metrics
 
 DEFAULT_BLOCK_SIZE = 16  # vLLM's default on GPUs, and every built-in engine profile's
 
@@ -130,11 +129,6 @@ class SentSpecs(Workload):
 def block_size_of(metrics_text: str) -> int | None:
     """``block_size`` of a vLLM /metrics page's ``vllm:cache_config_info``; None if absent."""
     try:
-        for family in text_string_to_metric_families(metrics_text):
-            for sample in family.samples:
-                if sample.name == "vllm:cache_config_info" and "block_size" in sample.labels:
-                    size = int(sample.labels["block_size"])
-                    return size if size >= 1 else None
+        return parse_vllm_metrics(metrics_text).block_size
     except ValueError:
         return None
-    return None

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from prometheus_client.parser import text_string_to_metric_families
+
+from kvroute.common.vllm_metrics import parse_vllm_metrics
 
 PERCENTILES = (50, 90, 95, 99)
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -172,29 +173,18 @@ def prefix_group_affinity(records: Sequence[RequestRecord]) -> float | None:
 class EngineCounters:
     """Cumulative engine counters scraped from one backend's /metrics (tokens)."""
 
-    prefix_cache_queries: float  # vllm:prefix_cache_queries_total, summed over label sets
+    prefix_cache_queries: float  # vllm:prefix_cache_queries_total, summed over engines
     prefix_cache_hits: float  # vllm:prefix_cache_hits_total
     prompt_tokens: float | None  # vllm:prompt_tokens_total, when exported
 
 
-_COUNTER_NAMES = {
-    "queries": ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
-    "hits": ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
-    "prompt": ("vllm:prompt_tokens_total",),
-}
-
-
 def parse_engine_counters(text: str) -> EngineCounters | None:
-    """The prefix-cache counters of a Prometheus text page; None when it has none."""
-    sums: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            for key, names in _COUNTER_NAMES.items():
-                if sample.name in names:
-                    sums[key] = sums.get(key, 0.0) + float(sample.value)
-    if "queries" not in sums or "hits" not in sums:
+    """The prefix-cache counters of a vLLM /metrics page; None when it has none.
+    ValueError when the page is not Prometheus text."""
+    m = parse_vllm_metrics(text)
+    if m.prefix_cache_queries is None or m.prefix_cache_hits is None:
         return None
-    return EngineCounters(sums["queries"], sums["hits"], sums.get("prompt"))
+    return EngineCounters(m.prefix_cache_queries, m.prefix_cache_hits, m.prompt_tokens)
 
 
 def counter_delta(before: float | None, after: float | None) -> float | None:

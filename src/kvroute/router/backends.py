@@ -14,23 +14,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from kvroute.common.vllm_metrics import EngineMetrics
 from kvroute.router.breaker import CircuitBreaker, CircuitState
 from kvroute.router.config import BackendConfig, BreakerConfig, HealthConfig
 from kvroute.router.errors import BadRequest
 from kvroute.router.request import ParsedRequest
-
-
-@dataclass(frozen=True, slots=True)
-class EngineSample:
-    """One scrape of a vLLM-style /metrics page (None = the engine does not export it)."""
-
-    num_running: int | None  # vllm:num_requests_running
-    num_waiting: int | None  # vllm:num_requests_waiting
-    kv_cache_usage: float | None  # vllm:kv_cache_usage_perc, 0..1
-    prefix_cache_hits: float | None  # vllm:prefix_cache_hits_total, tokens
-    prefix_cache_queries: float | None  # vllm:prefix_cache_queries_total, tokens
-    block_size: int | None  # vllm:cache_config_info{block_size}
-    num_gpu_blocks: int | None  # vllm:cache_config_info{num_gpu_blocks}
 
 
 class FleetLike(Protocol):
@@ -66,7 +54,7 @@ class BackendRuntime:
     last_error: str | None = None  # last probe or request failure, for the status page
     # headers sent upstream on every request (api key); built once
     auth_header: str | None = None
-    engine: EngineSample | None = None  # last scraped engine gauges and counters
+    engine: EngineMetrics | None = None  # last scraped engine gauges and counters
 
     @property
     def url(self) -> str:

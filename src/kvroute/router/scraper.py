@@ -1,77 +1,23 @@
 """Metrics scraper: reads each backend's vLLM gauges and feeds Fleet.update_engine_stats.
 
-Runs in the background, never on the request path. The page is first cut down to the
-few families we read (a vLLM page has hundreds of lines of histograms), then parsed with
-``prometheus_client.parser``. Series of one family (per engine, per model) are summed.
+Runs in the background, never on the request path. The page is parsed by
+``kvroute.common.vllm_metrics`` (the names vLLM exports, old and new), the parser the
+benchmarks use too.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
 
 import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
 
-from kvroute.router.backends import BackendRuntime, EngineSample
+from kvroute.common.vllm_metrics import EngineMetrics, parse_vllm_metrics
+from kvroute.router.backends import BackendRuntime
 from kvroute.router.health import METRICS_MAX_BYTES, BodyTooLarge, probe_headers, read_capped
 from kvroute.router.state import RouterState
 
 log = logging.getLogger("kvroute.router.scraper")
-
-# the samples read; kv usage falls back to the vLLM v0 name
-RUNNING = "vllm:num_requests_running"
-WAITING = "vllm:num_requests_waiting"
-KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
-HITS = "vllm:prefix_cache_hits_total"
-QUERIES = "vllm:prefix_cache_queries_total"
-CACHE_INFO = "vllm:cache_config_info"
-_PREFIXES = (RUNNING, WAITING, *KV_USAGE, HITS[:-6], QUERIES[:-6], CACHE_INFO)
-
-
-def _wanted(line: str) -> bool:
-    if line.startswith(("# HELP ", "# TYPE ")):
-        line = line[7:]
-    return line.startswith(_PREFIXES)
-
-
-def parse_engine_metrics(text: str) -> EngineSample:
-    """The EngineSample of one /metrics page (fields the page lacks are None)."""
-    kept = "\n".join(line for line in text.splitlines() if _wanted(line)) + "\n"
-    sums: dict[str, float] = {}
-    block_size = num_gpu_blocks = None
-    for family in text_string_to_metric_families(kept):
-        for sample in family.samples:
-            if sample.name == CACHE_INFO:
-                block_size = _int_label(sample.labels, "block_size") or block_size
-                num_gpu_blocks = _int_label(sample.labels, "num_gpu_blocks") or num_gpu_blocks
-            elif math.isfinite(sample.value) and sample.value >= 0:
-                # a negative, NaN or infinite gauge is not a state (and round() would raise)
-                sums[sample.name] = sums.get(sample.name, 0.0) + float(sample.value)
-    kv = sums.get(KV_USAGE[0], sums.get(KV_USAGE[1]))
-    return EngineSample(
-        num_running=_opt_int(sums.get(RUNNING)),
-        num_waiting=_opt_int(sums.get(WAITING)),
-        kv_cache_usage=kv,
-        prefix_cache_hits=sums.get(HITS),
-        prefix_cache_queries=sums.get(QUERIES),
-        block_size=block_size,
-        num_gpu_blocks=num_gpu_blocks,
-    )
-
-
-def _opt_int(value: float | None) -> int | None:
-    return None if value is None else round(value)
-
-
-def _int_label(labels: dict[str, str], name: str) -> int | None:
-    raw = labels.get(name)
-    try:
-        value = float(raw) if raw not in (None, "", "None") else math.nan
-    except ValueError:
-        return None
-    return int(value) if math.isfinite(value) and value > 0 else None
 
 
 async def scrape(state: RouterState, rt: BackendRuntime) -> str | None:
@@ -87,7 +33,7 @@ async def scrape(state: RouterState, rt: BackendRuntime) -> str | None:
             if r.status != 200:
                 return f"/metrics answered {r.status}"
             raw = await read_capped(r, "/metrics", METRICS_MAX_BYTES)
-        sample = parse_engine_metrics(raw.decode())
+        sample = parse_vllm_metrics(raw.decode())
     except BodyTooLarge as exc:
         return str(exc)
     except UnicodeDecodeError:
@@ -103,7 +49,7 @@ async def scrape(state: RouterState, rt: BackendRuntime) -> str | None:
     return None
 
 
-def apply_sample(state: RouterState, rt: BackendRuntime, sample: EngineSample) -> None:
+def apply_sample(state: RouterState, rt: BackendRuntime, sample: EngineMetrics) -> None:
     rt.engine = sample
     state.fleet.update_engine_stats(
         rt.url,
@@ -116,6 +62,10 @@ def apply_sample(state: RouterState, rt: BackendRuntime, sample: EngineSample) -
         prefix_cache_hits=_opt_int(sample.prefix_cache_hits),
         prefix_cache_queries=_opt_int(sample.prefix_cache_queries),
     )
+
+
+def _opt_int(value: float | None) -> int | None:
+    return None if value is None else round(value)
 
 
 async def scrape_loop(state: RouterState) -> None:

@@ -7,8 +7,9 @@ from typing import Any
 
 from aiohttp import web
 
+from kvroute.common.vllm_metrics import EngineMetrics
 from kvroute.core.fleet import BackendState
-from kvroute.router.backends import BackendRuntime, EngineSample
+from kvroute.router.backends import BackendRuntime
 from kvroute.router.state import STATE, RouterState
 
 
@@ -57,7 +58,7 @@ def _kv_row(state: RouterState, url: str, fs: BackendState | None) -> dict[str, 
 
 
 def _engine_row(
-    rt: BackendRuntime, fs: BackendState | None, eng: EngineSample | None
+    rt: BackendRuntime, fs: BackendState | None, eng: EngineMetrics | None
 ) -> dict[str, Any]:
     return {
         "url": rt.url,
