@@ -7,4 +7,6 @@ else of kvroute, so every other package can stand on it.
 - ``tokenizer``: the built-in deterministic tokenizer;
 - ``chat``: the chat template (``render_chat``) the simulator and the router share;
 - ``kv_events``: the KV-cache event types and their msgpack wire codec (vLLM's format).
+- ``vllm_metrics``: the parser of vLLM's ``/metrics`` page (the router's scraper and
+  the benchmarks read the same series).
 """
