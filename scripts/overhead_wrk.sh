@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Router overhead measured with wrk (a C load generator, so the client takes little of
-# the CPU the router and backend share): the same POST /v1/completions direct to an
-# instant backend and through `kvroute serve`, 1 connection (latency) and 32 (req/s).
+# the CPU the router and backend share): the same POST /v1/completions direct to the
+# canned backend (kvroute.bench.fake_backend) and through `kvroute serve`, 1 connection
+# (latency) and 32 (req/s).
 #   apt-get install wrk; scripts/overhead_wrk.sh [policy] [seconds]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,8 +10,7 @@ policy=${1:-prefix}; secs=${2:-10}
 py=.venv/bin/python
 bport=$($py -c 'from kvroute.bench.procs import free_port; print(free_port())')
 rport=$($py -c 'from kvroute.bench.procs import free_port; print(free_port())')
-$py scripts/bench_overhead.py --print-minimal-backend > /tmp/kvroute-minimal-backend.py
-$py /tmp/kvroute-minimal-backend.py "$bport" & bpid=$!
+$py -m kvroute.bench.fake_backend "$bport" & bpid=$!
 $py -m kvroute.cli serve --backend "http://127.0.0.1:$bport" --policy "$policy" --port "$rport" \
     --log-level WARNING & rpid=$!
 trap 'kill $bpid $rpid 2>/dev/null || true' EXIT

@@ -1,54 +1,10 @@
-"""Router throughput in exact mode with a real model's tokenizer (no engine needed).
+"""Exact-mode router throughput with the tiny model's tokenizer: see
+``kvroute.bench.perf.tokenizer`` (``--help``). Needs ``scripts/real_vllm/setup.sh`` once."""
 
-Exact mode tokenizes every prompt with the model's ``tokenizer.json`` and chat template.
-For a 4,400-token chat that is milliseconds of Rust per request; the proxy runs it in a
-thread (``encode_batch`` releases the GIL) so the worker keeps serving meanwhile. This
-puts ``kvroute serve --mode exact --tokenizer m=DIR`` in front of bare backends (a
-canned answer, no engine) and drives it with wrk and ranvier-stress chat bodies.
-
-    scripts/real_vllm/setup.sh        # once: .venv-vllm with the tiny model's tokenizer
-    .venv/bin/python scripts/real_vllm/bench_tokenizer.py [--model-dir DIR] [--rounds 2]
-"""
-
-from __future__ import annotations
-
-import argparse
-import shutil
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "scripts"))
-
-import bench_workers as bw  # noqa: E402
-
-
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model-dir", type=Path, default=REPO / ".venv-vllm" / "models" / "tiny")
-    ap.add_argument("--backends", type=int, default=4)
-    ap.add_argument("--connections", type=int, default=32)
-    ap.add_argument("--duration", type=float, default=10.0, help="seconds per round")
-    ap.add_argument("--rounds", type=int, default=2)
-    args = ap.parse_args()
-    if not (args.model_dir / "tokenizer.json").is_file():
-        ap.error(f"no tokenizer.json in {args.model_dir}: run scripts/real_vllm/setup.sh")
-    if shutil.which("wrk") is None:
-        ap.error("needs wrk (apt install wrk)")
-    print(f"exact mode, tokenizer {args.model_dir}, {args.backends} bare backends, wrk "
-          f"-c{args.connections}, ranvier-stress chats, {args.duration:g} s per round")  # fmt: skip
-    client = argparse.Namespace(client="wrk", concurrency=args.connections,
-                                duration=args.duration)  # fmt: skip
-    flags = ["--mode", "exact", "--tokenizer", f"m={args.model_dir}"]
-    with bw.minimal_fleet(args.backends) as urls:
-        bodies = bw.request_bodies("ranvier-stress", "m")
-        for k in range(args.rounds):
-            with bw.router(urls, 1, "prefix", extra=flags) as (url, pid):
-                rps, p50, cpu_us = bw.measure_throughput(url, pid, client, bodies)
-            print(f"round {k + 1}: {rps:.0f} req/s, p50 {p50:.1f} ms, "
-                  f"router CPU {cpu_us:.0f} us/request", flush=True)  # fmt: skip
-    return 0
-
+from kvroute.bench.perf.tokenizer import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(repo=Path(__file__).resolve().parents[2]))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kvroute.bench.procs import ManagedProcess, cpu_seconds, http_ok
+from kvroute.bench.procs import ManagedProcess, cpu_seconds, http_ok, sim_engines
 
 # prints a line, starts a grandchild in its group, then (optionally) ignores SIGTERM
 CHILD = """
@@ -93,3 +93,19 @@ def test_a_line_that_never_comes_times_out(tmp_path: Path) -> None:
         assert cpu_seconds(proc.pid or 0, children=True) >= cpu_seconds(proc.pid or 0) >= 0
     finally:
         proc.stop_sync()
+
+
+def test_sim_engines_reads_the_lines_kvroute_sim_prints() -> None:
+    lines = [
+        "backend 1: http://127.0.0.1:8002  kv-events tcp://127.0.0.1:5558  replay tcp://x:6",
+        "backend 0: http://127.0.0.1:8001",
+    ]
+    a, b = sim_engines(lines)
+    assert (a.url, a.kv_events, a.kv_replay) == ("http://127.0.0.1:8001", None, None)
+    assert (b.url, b.kv_events, b.kv_replay) == (
+        "http://127.0.0.1:8002",
+        "tcp://127.0.0.1:5558",
+        "tcp://x:6",
+    )
+    with pytest.raises(ValueError, match="missing"):
+        sim_engines(lines[:1])

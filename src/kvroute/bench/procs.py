@@ -132,6 +132,27 @@ def sim_command(
     return [*cmd, *extra]
 
 
+SIM_LINE = r"^backend \d+: "  # what ``kvroute sim`` prints once per engine when it is up
+_SIM_LINE = re.compile(r"^backend (\d+): (\S+)(?:\s+kv-events (\S+))?(?:\s+replay (\S+))?")
+
+
+@dataclass(frozen=True, slots=True)
+class SimEngine:
+    """One simulated engine as ``kvroute sim`` printed it."""
+
+    url: str  # HTTP base URL
+    kv_events: str | None  # its KV-event PUB endpoint (--kv-events)
+    kv_replay: str | None  # its replay ROUTER endpoint (--kv-replay)
+
+
+def sim_engines(lines: Sequence[str]) -> list[SimEngine]:
+    """The engines of ``kvroute sim``'s ``backend N: ...`` lines, in index order."""
+    found = {int(m[1]): SimEngine(m[2], m[3], m[4]) for x in lines if (m := _SIM_LINE.match(x))}
+    if sorted(found) != list(range(len(found))):
+        raise ValueError(f"backend lines out of order or missing: {sorted(found)}")
+    return [found[i] for i in range(len(found))]
+
+
 # ---- one child process ---------------------------------------------------------------
 
 _LIVE: set[ManagedProcess] = set()  # started and not yet stopped
