@@ -538,6 +538,12 @@ class Fleet:
             self._model_to_eligible[key] = cached
         return cached
 
+    def is_eligible(self, url: str, model: str | None) -> bool:
+        """Whether ``url`` may take a request for ``model`` now (a member, healthy, not
+        draining, serving it): a retry checks each backend of a ranking made earlier."""
+        b = self._backends.get(url)
+        return b is not None and b.is_orderable and b.serves(model)
+
     # -- the request path --------------------------------------------------------------
 
     def route(self, req: RouteRequest, now: float, exclude: Iterable[str] = ()) -> Decision | None:
