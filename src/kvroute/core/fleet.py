@@ -30,11 +30,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import heapq
 import math
-from bisect import bisect_left, insort
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from random import Random
 from typing import Protocol
@@ -48,6 +46,7 @@ from kvroute.core.index import LruCacheModel, PrefixIndex
 from kvroute.core.keys import CHARS_PER_TOKEN
 from kvroute.core.kv_sync import MODES, ExactSync, KvOutcome
 from kvroute.core.load import MAX_COUNT, BackendLoad, Ticket, clamp_count
+from kvroute.core.load_order import Group, GroupKey, LoadOrder
 from kvroute.core.policy.base import (
     Decision,
     LoadView,
@@ -58,25 +57,9 @@ from kvroute.core.policy.base import (
 from kvroute.core.sessions import DEFAULT_MAX_ENTRIES, DEFAULT_TTL_S, SessionTable
 from kvroute.core.working_set import WorkingSet
 
-
-class _Key:
-    """A group or cache key no model name can equal (a client picks names: any string)."""
-
-    __slots__ = ("name",)
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __repr__(self) -> str:
-        return f"<{self.name}>"
-
-
-_ALL = _Key("all")  # load-order group of every orderable backend
-_WILD = _Key("wild")  # group of backends whose model list is unknown (serve any model)
 # Per-model cache key of every name no backend lists: only the wildcard backends can serve
 # such a name, so one entry answers for all of them (client-chosen names add none).
-_UNLISTED = _Key("unlisted")
-Group = str | _Key  # a model name or one of the keys above
+_UNLISTED = GroupKey("unlisted")
 
 
 MAX_BLOCK_SIZE = 1 << 16  # larger scraped or announced block sizes are not believed
@@ -264,72 +247,12 @@ class _Backend:
         self.tiebreak = xxhash.xxh3_64_intdigest(url.encode())
         self.working_set = WorkingSet()  # blocks its requests reuse (the eviction cost)
 
-    def groups(self) -> tuple[Group, ...]:
-        return (_ALL, *sorted(self.models)) if self.models else (_ALL, _WILD)
-
     def serves(self, model: str | None) -> bool:
         return model is None or not self.models or model in self.models
 
     @property
     def is_orderable(self) -> bool:
         return self.healthy and not self.draining
-
-
-class _LoadOrder:
-    """Healthy, non-draining backends sorted by weighted in-flight tokens, per model group.
-
-    A backend appears once in each of its groups (every model it serves, or the wildcard
-    group when its models are unknown, plus the all-backends group). Reordering on a load
-    change is a bisect and a list insert per group: no per-request scan of the fleet.
-    """
-
-    def __init__(self) -> None:
-        self.group_to_keys: dict[Group, list[tuple[float, int, str]]] = {}
-        self.url_to_entry: dict[
-            str, tuple[tuple[float, int, str], tuple[Group, ...], int, float]
-        ] = {}
-        self.total_tokens = 0  # over entries
-        self.total_weight = 0.0
-
-    def put(self, b: _Backend) -> None:
-        self.discard(b.url)
-        tokens = b.load.in_flight_tokens
-        key = (tokens / b.weight, b.tiebreak, b.url)
-        groups = b.groups()
-        for g in groups:
-            insort(self.group_to_keys.setdefault(g, []), key)
-        self.url_to_entry[b.url] = (key, groups, tokens, b.weight)
-        self.total_tokens += tokens
-        self.total_weight += b.weight
-
-    def discard(self, url: str) -> None:
-        entry = self.url_to_entry.pop(url, None)
-        if entry is None:
-            return
-        key, groups, tokens, weight = entry
-        for g in groups:
-            keys = self.group_to_keys[g]
-            i = bisect_left(keys, key)
-            assert keys[i] == key, "load order: entry missing from its group"
-            del keys[i]
-            if not keys:
-                del self.group_to_keys[g]
-        self.total_tokens -= tokens
-        self.total_weight -= weight
-
-    def urls(self, model: str | None) -> Iterator[str]:
-        """Least loaded first, among backends serving ``model`` (None: all)."""
-        if model is None:
-            keys: Iterable[tuple[float, int, str]] = self.group_to_keys.get(_ALL, ())
-        else:
-            named = self.group_to_keys.get(model, [])
-            wild = self.group_to_keys.get(_WILD, [])
-            keys = heapq.merge(named, wild) if named and wild else (named or wild)
-        for key in keys:
-            yield key[2]
-
-    def key_of(self, url: str) -> tuple[float, int, str]:
-        return self.url_to_entry[url][0]
 
 
 class Fleet:
@@ -343,7 +266,7 @@ class Fleet:
         self.rng = rng if rng is not None else Random(0)
         self.index = PrefixIndex(self.config.max_index_entries)
         self._backends: dict[str, _Backend] = {}
-        self._order = _LoadOrder()
+        self._order = LoadOrder()
         self._next_epoch = 0
         self._next_ticket = 0
         # caches keyed by _cache_key: listed models, None and _UNLISTED only
@@ -454,7 +377,7 @@ class Fleet:
 
     def _membership_changed(self, b: _Backend) -> None:
         if b.is_orderable:
-            self._order.put(b)
+            self._put_in_order(b)
         else:
             self._order.discard(b.url)
         self._invalidate()
@@ -466,7 +389,10 @@ class Fleet:
 
     def _reorder(self, b: _Backend) -> None:
         if b.is_orderable:
-            self._order.put(b)
+            self._put_in_order(b)
+
+    def _put_in_order(self, b: _Backend) -> None:
+        self._order.put(b.url, b.models, b.load.in_flight_tokens, b.weight, b.tiebreak)
 
     # -- engine metrics ----------------------------------------------------------------
 
@@ -552,7 +478,7 @@ class Fleet:
         self.sync.expire(now)
         bs = self.key_block_tokens(req.model, self.block_size_for(req.model))
         view = _View(self, req.model, frozenset(exclude), bs, now)
-        if not self._order.url_to_entry:
+        if not self._order:
             return None
         return self.policy.choose(req, view, now)
 
@@ -1005,8 +931,7 @@ class _View:
         )
 
     def mean_in_flight_tokens(self) -> float:
-        order = self._fleet._order
-        return order.total_tokens / order.total_weight if order.total_weight > 0 else 0.0
+        return self._fleet._order.mean_tokens()
 
     def match(self, block_hashes: Sequence[int], max_holders: int) -> list[tuple[str, int]]:
         out: list[tuple[str, int]] = []
