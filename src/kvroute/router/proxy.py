@@ -12,15 +12,17 @@ it cannot be done for faithfully (``assembly_blocker``), and other engines (thei
 format and stream options are not known to match), get the original bytes.
 
 Only a backend that could not take the request (connect error, 503) is retried, on the
-next-best backend, and a body reaches at most ``MAX_DELIVERIES`` backends: whatever else
-fails (another 5xx, a reset, a slow answer) may be this body's doing, so it is answered
-502/504 at once rather than run again elsewhere. After the first byte nothing is
-retried: a broken stream ends with an SSE error event.
+next eligible backend of the decision's ranking (``_retry_decision``), and a body reaches
+at most ``MAX_DELIVERIES`` backends: whatever else fails (another 5xx, a reset, a slow
+answer) may be this body's doing, so it is answered 502/504 at once rather than run
+again elsewhere. After the first byte nothing is retried: a broken stream ends with an
+SSE error event.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import re
@@ -328,15 +330,18 @@ async def _forward(
     last: AttemptFailed | None = None
     # where the session's last request went, before this one's dispatch replaces it
     home = fleet.session_backend(req, clock()) if req.session is not None else None
+    first: Decision | None = None  # the policy's decision: retries walk its ranking
     for attempt in range(limits.max_attempts):
         if last is not None and not (last.refused and num_delivered < MAX_DELIVERIES):
             break
-        decision = fleet.route(req, clock(), exclude=tuple(tried))
+        if first is None:
+            decision = first = fleet.route(req, clock())
+        else:
+            decision = _retry_decision(state, req, first, tried)
         if decision is None:
             break
         if last is not None:
             state.metrics.retries.labels(tried[-1], last.cause).inc()
-            decision = _as_retry(decision)
             await asyncio.sleep(limits.retry_backoff_s * attempt)
         url = decision.backend
         tried.append(url)
@@ -386,14 +391,20 @@ def _sooner(total: Deadline, now: float, seconds: float, name: str) -> Deadline:
     return own if own.at < total.at else total
 
 
-def _as_retry(decision: Decision) -> Decision:
-    return Decision(
-        backend=decision.backend,
-        reason="retry",
-        predicted_cached_tokens=decision.predicted_cached_tokens,
-        ranked=decision.ranked,
-        ttft_estimate_s=decision.ttft_estimate_s,
-    )
+def _retry_decision(
+    state: RouterState, req: RouteRequest, first: Decision, tried: list[str]
+) -> Decision | None:
+    """Where a retry goes: the next backend of ``first``'s ranking not tried yet and still
+    eligible (one may have gone down or been drained since), re-aimed with ``moved_to``:
+    the policy ranked them once, a retry does not decide again. Only once the ranking is
+    spent is the request routed again without the backends tried: a ranking is capped
+    (8 backends by default, ``ranked_limit``) and so may be shorter than the fleet."""
+    fleet = state.fleet
+    for url in first.ranked:
+        if url not in tried and fleet.is_eligible(url, req.model):
+            return first.moved_to(url)
+    decision = fleet.route(req, state.clock(), exclude=tuple(tried))
+    return None if decision is None else dataclasses.replace(decision, reason="retry")
 
 
 def _count_prediction(state: RouterState, url: str, cached: int, req: RouteRequest) -> None:

@@ -51,7 +51,9 @@ class Decision:
     def moved_to(self, url: str, reason: str = "retry") -> Decision:
         """The same decision re-aimed at ``url`` (a retry): ``url`` first, then the rest.
 
-        ``Fleet.dispatch`` recomputes the predicted hit for the new backend itself.
+        The proxy's retries walk ``ranked`` with it. ``Fleet.dispatch`` recomputes the
+        predicted hit for the new backend itself; the TTFT estimate was ``backend``'s, so
+        the moved decision has none.
         """
         rest = tuple(u for u in self.ranked if u != url)
         return Decision(url, reason, 0, (url, *rest), None)
