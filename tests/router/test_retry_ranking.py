@@ -1,4 +1,5 @@
-"""Retries walk the first decision's ranking.
+"""Retries walk the first decision's ranking; the TTFT estimate is checked against the
+observed first token (kvroute_ttft_prediction_error_seconds).
 
 Real HTTP on loopback: a router in front of fake backends.
 """
@@ -6,6 +7,10 @@ Real HTTP on loopback: a router in front of fake backends.
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Sequence
+
+import pytest
 
 from kvroute.core.load import Ticket
 from kvroute.core.policy.base import Decision, FleetView, RouteRequest
@@ -16,6 +21,9 @@ from tests.router.conftest import Harness
 
 BODY = b'{"model": "m1", "prompt": "hello", "max_tokens": 4}'
 STREAM = b'{"model": "m1", "prompt": "hello", "max_tokens": 4, "stream": true}'
+ERROR = "kvroute_ttft_prediction_error_seconds"
+PREDICTED = "kvroute_ttft_predicted_seconds_total"
+OBSERVED = "kvroute_ttft_observed_seconds_total"
 
 
 class _Dispatches:
@@ -154,3 +162,68 @@ async def test_a_body_still_reaches_at_most_two_backends(harness: Harness) -> No
     assert resp.status == 502
     assert "2 backends tried" in (await resp.json())["error"]["message"]
     assert sum(len(f.state.requests) for f in fakes) == 2
+
+
+def _samples(state: RouterState, name: str, urls: Sequence[str]) -> dict[str, float]:
+    registry = state.metrics.registry
+    return {u: registry.get_sample_value(name, {"backend": u}) or 0.0 for u in urls}
+
+
+async def test_ttft_prediction_error_per_backend(harness: Harness) -> None:
+    """Each stream's first token is compared with the estimate its decision carried:
+    one error sample per stream, the predicted sum is the decisions' estimates, the
+    observed sum lies between the engine's delay and the wall time, and each sample's
+    bucket says how far off the estimate was."""
+    fakes = [await harness.backend(name) for name in ("x", "y")]
+    delay_s = 0.05
+    for f in fakes:
+        f.state.chunk_delay_s = delay_s
+    client = await harness.router([f.url for f in fakes], policy="prefix")
+    state = harness.state(client)
+    seen = _listen(state)
+    urls = [f.url for f in fakes]
+    n = 4
+    started = time.monotonic()
+    for i in range(n):
+        body = b'{"model": "m1", "prompt": "question %d", "max_tokens": 4, "stream": true}' % i
+        resp = await client.post("/v1/completions", data=body)
+        assert resp.status == 200
+        await resp.read()
+    wall_s = time.monotonic() - started
+    # a whole answer has no first token: nothing to compare
+    assert (await client.post("/v1/completions", data=BODY)).status == 200
+
+    counts = _samples(state, ERROR + "_count", urls)
+    predicted = _samples(state, PREDICTED, urls)
+    observed = _samples(state, OBSERVED, urls)
+    assert sum(counts.values()) == n
+    estimates: dict[str, float] = dict.fromkeys(urls, 0.0)
+    for d in seen.decisions[:n]:
+        assert d.ttft_estimate_s is not None and d.ttft_estimate_s > 0
+        estimates[d.backend] += d.ttft_estimate_s
+    for url in urls:
+        assert predicted[url] == pytest.approx(estimates[url])
+    assert n * delay_s <= sum(observed.values()) <= wall_s
+    # every sample is observed - predicted: within (-max estimate, wall time]
+    registry = state.metrics.registry
+    for url in urls:
+        le = {"backend": url}
+        below = registry.get_sample_value(ERROR + "_bucket", {**le, "le": "-30.0"}) or 0.0
+        within = registry.get_sample_value(ERROR + "_bucket", {**le, "le": "30.0"}) or 0.0
+        assert (below, within) == (0.0, counts[url])
+    busy = max(urls, key=lambda u: counts[u])
+    state.metrics.forget(busy)  # a removed backend's series go with it
+    assert registry.get_sample_value(ERROR + "_count", {"backend": busy}) is None
+    assert registry.get_sample_value(OBSERVED, {"backend": busy}) is None
+
+
+async def test_no_estimate_no_prediction_error(harness: Harness) -> None:
+    """Round robin estimates nothing: its first tokens add no sample."""
+    a = await harness.backend("a")
+    client = await harness.router([a.url])
+    resp = await client.post("/v1/completions", data=STREAM)
+    await resp.read()
+    state = harness.state(client)
+    assert _samples(state, ERROR + "_count", [a.url])[a.url] == 0.0
+    assert _samples(state, PREDICTED, [a.url])[a.url] == 0.0
+    assert _samples(state, OBSERVED, [a.url])[a.url] == 0.0

@@ -24,6 +24,11 @@ LATENCY_BUCKETS_S = (
 DECISION_BUCKETS_S = (
     0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05,
 )  # fmt: skip
+# observed - predicted TTFT: symmetric, a few tens of ms (jitter) to tens of seconds
+TTFT_ERROR_BUCKETS_S = (
+    -30.0, -10.0, -5.0, -2.5, -1.0, -0.5, -0.25, -0.1, -0.05, -0.025, 0.0,
+    0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +112,29 @@ class RouterMetrics:
         self._session_children = {
             result: self.session_requests.labels(result) for result in ("home", "moved", "new")
         }
+        self.ttft_prediction_error = Histogram(
+            "kvroute_ttft_prediction_error_seconds",
+            "Observed - predicted TTFT (dispatch to first token) of requests whose decision "
+            "carried the cost model's estimate; negative: faster than predicted",
+            ["backend"],
+            buckets=TTFT_ERROR_BUCKETS_S,
+            registry=r,
+        )
+        # a histogram with negative buckets exports no _sum: the sums are counters, so
+        # observed / predicted (the bias) and their difference per request can be read
+        self.ttft_predicted = Counter(
+            "kvroute_ttft_predicted_seconds",
+            "Sum of the estimated TTFTs counted in kvroute_ttft_prediction_error_seconds",
+            ["backend"],
+            registry=r,
+        )
+        self.ttft_observed = Counter(
+            "kvroute_ttft_observed_seconds",
+            "Sum of the observed TTFTs (dispatch to first token) of the same requests",
+            ["backend"],
+            registry=r,
+        )
+        self._ttft_children: dict[str, tuple[Any, Any, Any]] = {}
 
         # label children cached per key: labels() costs a lock and a tuple build per call
         self._request_children: dict[tuple[int, str, str], Any] = {}
@@ -126,6 +154,20 @@ class RouterMetrics:
             child = self._session_children[result] = self.session_requests.labels(result)
         child.inc()
 
+    def count_ttft_prediction(self, backend: str, predicted_s: float, observed_s: float) -> None:
+        """One first token on ``backend``, ``observed_s`` after dispatch, against the
+        ``predicted_s`` its decision estimated."""
+        children = self._ttft_children.get(backend)
+        if children is None:
+            children = self._ttft_children[backend] = (
+                self.ttft_prediction_error.labels(backend),
+                self.ttft_predicted.labels(backend),
+                self.ttft_observed.labels(backend),
+            )
+        children[0].observe(observed_s - predicted_s)
+        children[1].inc(max(0.0, predicted_s))
+        children[2].inc(max(0.0, observed_s))
+
     def of(self, backend: str) -> BackendInstruments:
         """The per-backend instruments (cached; dropped with ``forget``)."""
         inst = self._backend_children.get(backend)
@@ -142,10 +184,12 @@ class RouterMetrics:
         """Drop every series labelled with ``backend`` (it was removed): a fleet whose
         backends come and go (pods) must not grow the exposition without bound."""
         self._backend_children.pop(backend, None)
+        self._ttft_children.pop(backend, None)
         for key in [k for k in self._request_children if k[1] == backend]:
             del self._request_children[key]
         for metric in (self.ttft, self.e2e, self.midstream_failures, self.predicted_cached,
-                       self.prompt_tokens):  # fmt: skip
+                       self.prompt_tokens, self.ttft_prediction_error, self.ttft_predicted,
+                       self.ttft_observed):  # fmt: skip
             with contextlib.suppress(KeyError):
                 metric.remove(backend)
         for metric, names in ((self.requests, ("status", "backend", "reason")),

@@ -17,6 +17,9 @@ at most ``MAX_DELIVERIES`` backends: whatever else fails (another 5xx, a reset, 
 answer) may be this body's doing, so it is answered 502/504 at once rather than run
 again elsewhere. After the first byte nothing is retried: a broken stream ends with an
 SSE error event.
+
+Each attempt whose decision carried the cost model's TTFT estimate and whose first token
+was seen is counted against it (``kvroute_ttft_prediction_error_seconds``).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from aiohttp import web
 
 from kvroute.common.hashing import chain_seed
 from kvroute.core.keys import Prompt, PromptError, prompt_block_hashes, salt_of, text_route_keys
+from kvroute.core.load import Ticket
 from kvroute.core.policy.base import Decision, RouteRequest
 from kvroute.core.sessions import session_result
 from kvroute.core.token_keys import PromptTokenizer, exact_route_keys, prompt_token_ids
@@ -382,6 +386,7 @@ async def _forward(
         finally:
             state.backends.end_attempt(url)
             fleet.finish(ticket, clock(), ok)
+            _count_ttft_error(state, ticket, decision)
     raise _final_error(state, req, tried, last)
 
 
@@ -405,6 +410,18 @@ def _retry_decision(
             return first.moved_to(url)
     decision = fleet.route(req, state.clock(), exclude=tuple(tried))
     return None if decision is None else dataclasses.replace(decision, reason="retry")
+
+
+def _count_ttft_error(state: RouterState, ticket: Ticket, decision: Decision) -> None:
+    """Compare the TTFT the decision estimated with the one observed: dispatch to first
+    token on the Fleet's clock, the span the cost model estimates. Only attempts with
+    both: a whole answer (not assembled) has no first token, and a ranked retry or a
+    policy that does not use the cost model carries no estimate."""
+    predicted, first_token_at = decision.ttft_estimate_s, ticket.first_token_at_s
+    if predicted is None or first_token_at is None:
+        return
+    observed = first_token_at - ticket.dispatched_at_s
+    state.metrics.count_ttft_prediction(ticket.url, predicted, observed)
 
 
 def _count_prediction(state: RouterState, url: str, cached: int, req: RouteRequest) -> None:
