@@ -13,13 +13,11 @@ import json
 import logging
 import threading
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestServer
 
+from kvroute.bench.fake_backend import FakeBackend
 from kvroute.core.keys import Prompt
 from kvroute.router import proxy
 from kvroute.router.breaker import CircuitState
@@ -31,122 +29,24 @@ BODY = b'{"model": "m1", "prompt": "hello", "max_tokens": 4}'
 STREAM = b'{"model": "m1", "prompt": "hello", "stream": true}'
 
 
-@dataclass
-class Script:
-    """What one scripted backend does with a completion request, and what it saw."""
-
-    name: str
-    mode: str = "ok"  # ok | 500 | 503 | reset | hang | big | stream
-    delay_s: float = 0.0  # "ok": think this long before answering
-    big_bytes: int = 0  # "big": body size
-    big_length: bool = True  # "big": announce it in Content-Length
-    gaps_s: tuple[float, ...] = ()  # "stream": pause before each event
-    metrics_text: str = ""  # its /metrics page (vLLM gauges)
-    health_status: int = 200  # what /health answers
-    bodies: list[bytes] = field(default_factory=list)
-    headers: list[dict[str, str]] = field(default_factory=list)
-    num_cancelled: int = 0  # requests whose connection the router closed
-
-
-class ScriptedBackend:
-    """One scripted backend on loopback (health, models and metrics always answer)."""
-
-    def __init__(self, name: str) -> None:
-        self.script = Script(name)
-        self.release = asyncio.Event()  # ends "hang" handlers at close
-        self.server = TestServer(self._app(), host="127.0.0.1")
-        self.url = ""
-
-    def _app(self) -> web.Application:
-        app = web.Application(client_max_size=16 << 20)
-        app.router.add_post("/v1/completions", self._completions)
-        app.router.add_get("/health", self._health)
-        app.router.add_get("/v1/models", self._models)
-        app.router.add_get("/metrics", self._metrics)
-        return app
-
-    async def _health(self, request: web.Request) -> web.Response:
-        return web.Response(status=self.script.health_status)
-
-    async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response({"data": [{"id": "m1"}]})
-
-    async def _metrics(self, request: web.Request) -> web.Response:
-        return web.Response(text=self.script.metrics_text)
-
-    async def _completions(self, request: web.Request) -> web.StreamResponse:
-        s = self.script
-        s.bodies.append(await request.read())
-        s.headers.append({k.lower(): v for k, v in request.headers.items()})
-        try:
-            return await self._answer(request, s)
-        except (asyncio.CancelledError, ConnectionError):
-            s.num_cancelled += 1
-            raise
-
-    async def _answer(self, request: web.Request, s: Script) -> web.StreamResponse:
-        if s.mode in ("500", "503"):
-            error = {"error": {"message": f"engine says {s.mode}", "type": "x", "code": 1}}
-            return web.json_response(error, status=int(s.mode))
-        if s.mode == "reset":
-            assert request.transport is not None
-            request.transport.close()  # read the body, then drop the connection
-            return web.Response()
-        if s.mode == "hang":
-            await self.release.wait()
-            return web.Response(status=500)
-        if s.mode == "big":
-            return await self._big(request, s)
-        if s.mode == "stream":
-            return await self._stream(request, s)
-        if s.delay_s:
-            await asyncio.sleep(s.delay_s)
-        usage = {"prompt_tokens": 3, "prompt_tokens_details": {"cached_tokens": 2}}
-        return web.json_response({"from": s.name, "usage": usage})
-
-    async def _big(self, request: web.Request, s: Script) -> web.StreamResponse:
-        headers = {"Content-Type": "application/json"}
-        resp = web.StreamResponse(headers=headers)
-        if s.big_length:
-            resp.content_length = s.big_bytes
-        await resp.prepare(request)
-        piece = b" " * 65536
-        for _ in range(s.big_bytes // len(piece)):
-            await resp.write(piece)
-        await resp.write_eof()
-        return resp
-
-    async def _stream(self, request: web.Request, s: Script) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        for i, gap_s in enumerate(s.gaps_s):
-            if gap_s:
-                await asyncio.sleep(gap_s)
-            await resp.write(f'data: {{"i": {i}}}\n\n'.encode())
-        await resp.write(b"data: [DONE]\n\n")
-        return resp
-
-    async def start(self) -> ScriptedBackend:
-        await self.server.start_server()
-        self.url = str(self.server.make_url("")).rstrip("/")
-        return self
-
-    async def close(self) -> None:
-        self.release.set()
-        await self.server.close()
+MODES: dict[str, dict[str, Any]] = {
+    "ok": {}, "500": {"fail_status": 500}, "503": {"fail_status": 503}, "reset": {"reset": True},
+    "hang": {"hang": True}, "big": {}, "stream": {},
+}  # fmt: skip
 
 
 class Backends:
     """Starts scripted backends; closes them after the routers (request before harness)."""
 
     def __init__(self) -> None:
-        self.started: list[ScriptedBackend] = []
+        self.started: list[FakeBackend] = []
 
-    async def __call__(self, *modes: str) -> list[ScriptedBackend]:
+    async def __call__(self, *modes: str) -> list[FakeBackend]:
+        """One fake per mode: ok | 500 | 503 | reset | hang | big | stream (the test sets
+        the big answer's size and the stream's gaps)."""
         out = []
         for mode in modes:
-            b = await ScriptedBackend(f"b{len(self.started)}").start()
-            b.script.mode = mode
+            b = await FakeBackend(f"b{len(self.started)}", **MODES[mode]).start()
             self.started.append(b)
             out.append(b)
         return out
@@ -161,8 +61,8 @@ async def scripted() -> AsyncIterator[Backends]:
         await b.close()
 
 
-def _seen(backends: list[ScriptedBackend]) -> list[int]:
-    return [len(b.script.bodies) for b in backends]
+def _seen(backends: list[FakeBackend]) -> list[int]:
+    return [len(b.state.requests) for b in backends]
 
 
 async def _post(client: Any, body: bytes = BODY) -> tuple[int, dict[str, Any]]:
@@ -227,7 +127,7 @@ async def test_first_byte_s_bounds_stream_headers_and_response_s_whole_answers(
     scripted: Backends, harness: Harness
 ) -> None:
     slow, hung = await scripted("ok", "hang")
-    slow.script.delay_s = 0.3
+    slow.state.stall_s = 0.3
     client = await harness.router(
         [slow.url], timeouts=TimeoutConfig(first_byte_s=0.05, response_s=30.0)
     )
@@ -237,7 +137,7 @@ async def test_first_byte_s_bounds_stream_headers_and_response_s_whole_answers(
     status, body = await _post(client, STREAM)
     assert status == 504
     assert "first_byte_s" in body["error"]["message"]
-    assert len(hung.script.bodies) == 1
+    assert len(hung.state.requests) == 1
 
 
 async def test_503_is_retried_once_on_another_backend_and_counts_against_it(
@@ -265,7 +165,7 @@ async def test_connect_errors_do_not_count_as_deliveries(
     for _ in range(6):
         status, _ = await _post(client)
         assert status == 200
-    assert len(good.script.bodies) == 6
+    assert len(good.state.requests) == 6
 
 
 # -- finding 4: a whole answer is read up to limits.max_response_bytes --------------
@@ -276,22 +176,22 @@ async def test_an_answer_over_max_response_bytes_is_a_502_and_the_upstream_is_cl
     scripted: Backends, harness: Harness, announced: bool
 ) -> None:
     (b,) = await scripted("big")
-    b.script.big_bytes = 64 << 20  # more than loopback buffers hold: the sender notices
-    b.script.big_length = announced
+    b.state.big_bytes = 64 << 20  # more than loopback buffers hold: the sender notices
+    b.state.big_length = announced
     client = await harness.router([b.url], limits=LimitConfig(max_response_bytes=1 << 20))
     status, body = await _post(client)
     assert status == 502
     assert body["error"]["code"] == "backend_failed"
     assert "limits.max_response_bytes" in body["error"]["message"]
-    await until(lambda: b.script.num_cancelled == 1)  # the router stopped reading
+    await until(lambda: b.state.num_aborted == 1)  # the router stopped reading
 
 
 async def test_an_answer_under_max_response_bytes_passes_whole(
     scripted: Backends, harness: Harness
 ) -> None:
     (b,) = await scripted("big")
-    b.script.big_bytes = 512 << 10
-    b.script.big_length = False
+    b.state.big_bytes = 512 << 10
+    b.state.big_length = False
     client = await harness.router([b.url], limits=LimitConfig(max_response_bytes=1 << 20))
     resp = await client.post("/v1/completions", data=BODY)
     assert resp.status == 200
@@ -311,7 +211,7 @@ async def test_the_default_body_limit_fits_a_1m_token_prompt_not_more(
     resp = await client.post("/v1/completions", data=io.BytesIO(over))  # chunked
     assert resp.status == 413
     assert (await resp.json())["error"]["code"] == "request_too_large"
-    assert not b.script.bodies
+    assert not b.state.requests
 
 
 async def test_a_big_exact_mode_prompt_is_keyed_while_the_router_keeps_answering(
@@ -346,7 +246,7 @@ async def test_a_big_exact_mode_prompt_is_keyed_while_the_router_keeps_answering
     resp = await big
     assert resp.status == 200
     assert order == ["health", "small", "big keyed"]
-    assert b.script.bodies[-1].startswith(b'{"model": "m1", "prompt": "word word')
+    assert b.state.requests[-1]["body"].startswith(b'{"model": "m1", "prompt": "word word')
 
 
 # -- finding 12: the engine gets the router's request id, the client keeps its own ----
@@ -364,7 +264,7 @@ async def test_the_upstream_request_id_is_the_routers_not_the_clients(
         assert resp.status == 200
         answers.append(resp.headers["x-request-id"])
     plain = await client.post("/v1/completions", data=BODY)
-    upstream = [h["x-request-id"] for h in b.script.headers]
+    upstream = [r["headers"]["x-request-id"] for r in b.state.requests]
     assert answers == ["r-1", "r-1"], "the client gets its own id back"
     assert "r-1" not in upstream
     assert len(set(upstream)) == 3, "each request has its own id upstream"
@@ -386,12 +286,12 @@ async def _paused_stream(
     gaps_s: tuple[float, ...],
     *,
     stall_s: float,
-) -> tuple[ScriptedBackend, Any, str]:
+) -> tuple[FakeBackend, Any, str]:
     """A stream that pauses between events, its router (idle_s 0.1 s, scraping its
     gauges), and the text the client received."""
     (b,) = await scripted("stream")
-    b.script.gaps_s = gaps_s
-    b.script.metrics_text = metrics
+    b.state.chunk_gaps_s = gaps_s
+    b.state.metrics_text = metrics
     client = await harness.router(
         [b.url],
         timeouts=TimeoutConfig(idle_s=0.1, stall_s=stall_s),
@@ -405,9 +305,9 @@ async def _paused_stream(
     return b, client, (await resp.read()).decode()
 
 
-async def _idle_again(harness: Harness, client: Any, b: ScriptedBackend) -> None:
+async def _idle_again(harness: Harness, client: Any, b: FakeBackend) -> None:
     """Healthy and reporting no work again (the teardown's leak check reads merged load)."""
-    b.script.metrics_text, b.script.health_status = IDLE, 200
+    b.state.metrics_text, b.state.health_status = IDLE, 200
     rt = harness.state(client).backends.get(b.url)
     assert rt is not None
     await until(lambda: rt.probe_ok and rt.engine is not None and rt.engine.num_waiting == 0)
@@ -431,7 +331,7 @@ async def test_a_stream_paused_by_an_idle_engine_is_cut_and_says_so(
     assert text.endswith("data: [DONE]\n\n")
     rt = harness.state(client).backends.get(b.url)
     assert rt is not None and rt.breaker.failures == 0, "a slow request is not a dead backend"
-    await until(lambda: b.script.num_cancelled == 1)  # the engine was told to stop
+    await until(lambda: b.state.num_aborted == 1)  # the engine was told to stop
 
 
 async def test_a_busy_engine_is_waited_for_up_to_stall_s(
@@ -448,8 +348,8 @@ async def test_a_stream_of_a_backend_that_turned_unhealthy_is_cut_and_charged(
     scripted: Backends, harness: Harness
 ) -> None:
     (b,) = await scripted("stream")
-    b.script.gaps_s = (0.0, 5.0)
-    b.script.metrics_text = BUSY
+    b.state.chunk_gaps_s = (0.0, 5.0)
+    b.state.metrics_text = BUSY
     client = await harness.router(
         [b.url],
         timeouts=TimeoutConfig(idle_s=0.1, stall_s=30),
@@ -460,7 +360,7 @@ async def test_a_stream_of_a_backend_that_turned_unhealthy_is_cut_and_charged(
     await until(lambda: rt.engine is not None)
     resp = await client.post("/v1/completions", data=STREAM)
     await resp.content.readany()  # the first event: the stream is paused now
-    b.script.health_status = 500
+    b.state.health_status = 500
     text = (await resp.read()).decode()
     assert '"code":504' in text and "unhealthy" in text
     assert rt.breaker.failures == 1 or rt.breaker.state is not CircuitState.CLOSED
@@ -477,4 +377,4 @@ async def test_a_prompt_over_1_mib_reaches_the_backend_whole(
     big = b'{"model": "m1", "prompt": "' + b"word " * (600 << 10) + b'"}'
     resp = await client.post("/v1/completions", data=io.BytesIO(big))
     assert resp.status == 200, await resp.text()
-    assert b.script.bodies == [big]
+    assert [r["body"] for r in b.state.requests] == [big]

@@ -24,10 +24,11 @@ Answers (``make_fake_app``):
 
 Faults (fields of ``FakeState``, changeable while it runs): answer a status
 (``fail_status``, or every ``fail_every``-th request 503), stall before answering
-(``stall_s``), cut the connection after reading the body (``reset``) or after some
-stream chunks (``die_after_chunks``), pause between chunks (``chunk_delay_s``), fail
-``/health`` (``health_status``). It records every request and counts the streams its
-client abandoned.
+(``stall_s``) or never answer (``hang``), cut the connection after reading the body
+(``reset``) or after some stream chunks (``die_after_chunks``), pause between chunks
+(``chunk_delay_s``, or ``chunk_gaps_s`` one by one), answer a huge body (``big_bytes``),
+fail ``/health`` (``health_status``). It records every request and counts the requests
+its client abandoned.
 """
 
 from __future__ import annotations
@@ -74,12 +75,16 @@ class FakeState:
     max_model_len: int | None = None  # listed on its model card when set (as vLLM does)
     num_chunks: int | None = 4  # stream chunks; None: one per max_tokens
     chunk_delay_s: float = 0.0  # pause before each stream chunk
+    chunk_gaps_s: tuple[float, ...] = ()  # set: one chunk per entry, after that pause
     cache_words: int = 0  # > 0: the toy prefix cache keyed by this many leading words
     virtual_backends: int = 1  # > 1: answer as a router in front of that many backends
     fail_status: int | None = None  # answer completions with this status
     fail_every: int = 0  # every Nth request answers 503 (0: never)
     reset: bool = False  # read the body, then drop the connection
+    hang: bool = False  # never answer (until ``release`` is set: FakeBackend.close)
     stall_s: float = 0.0  # sleep before answering
+    big_bytes: int = 0  # > 0: a whole answer of this many bytes (spaces) instead
+    big_length: bool = True  # announce the big answer's length (else chunked)
     die_after_chunks: int | None = None  # drop the connection after this many chunks
     health_status: int = 200
     metrics_text: str = ""  # /metrics page; empty: the toy counters of backend 0
@@ -87,8 +92,10 @@ class FakeState:
     requests: list[dict[str, Any]] = field(default_factory=list)  # headers + raw body
     bodies: list[dict[str, Any]] = field(default_factory=list)  # parsed bodies
     send_times: list[float] = field(default_factory=list)  # perf_counter at arrival
-    num_aborted: int = 0  # streams whose client went away
+    num_aborted: int = 0  # requests whose client went away before the answer's end
     num_active: int = 0  # requests being answered now
+
+    release: asyncio.Event = field(default_factory=asyncio.Event)  # ends hanging answers
 
     def __post_init__(self) -> None:
         if not self.counters:
@@ -150,6 +157,9 @@ async def _completions(request: web.Request) -> web.StreamResponse:
     state.num_active += 1
     try:
         return await _answer(request, state, body)
+    except (asyncio.CancelledError, ConnectionError):
+        state.num_aborted += 1
+        raise
     finally:
         state.num_active -= 1
 
@@ -168,6 +178,11 @@ async def _answer(
         assert request.transport is not None
         request.transport.close()
         return web.Response()
+    if state.hang:
+        await state.release.wait()
+        return _error(500, "released")
+    if state.big_bytes:
+        return await _big(request, state)
     if body.get("model") not in (None, state.model, *state.adapters):
         return web.json_response({"error": {"message": "no such model"}}, status=404)
     index = n % state.virtual_backends
@@ -183,6 +198,18 @@ async def _answer(
 def _error(status: int, message: str) -> web.Response:
     error = {"message": message, "type": "fake", "code": status}
     return web.json_response({"error": error}, status=status)
+
+
+async def _big(request: web.Request, state: FakeState) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+    if state.big_length:
+        resp.content_length = state.big_bytes
+    await resp.prepare(request)
+    piece = b" " * 65536
+    for _ in range(state.big_bytes // len(piece)):
+        await resp.write(piece)
+    await resp.write_eof()
+    return resp
 
 
 def _whole(state: FakeState, body: dict[str, Any], usage: dict[str, Any]) -> dict[str, Any]:
@@ -207,26 +234,23 @@ async def _stream(
     await resp.prepare(request)
     chat = request.path.endswith("/chat/completions")  # as vLLM: the endpoint decides
     num_chunks = state.num_chunks if state.num_chunks is not None else int(body["max_tokens"])
-    try:
-        if chat:  # vLLM sends the role first, with empty content
-            role = {"role": "assistant", "content": ""}
-            await _send(resp, {"choices": [{"index": 0, "delta": role}]})
-        for i in range(num_chunks):
-            if state.die_after_chunks is not None and i >= state.die_after_chunks:
-                assert request.transport is not None
-                request.transport.close()
-                return resp
-            if state.chunk_delay_s:
-                await asyncio.sleep(state.chunk_delay_s)
-            piece = {"delta": {"content": " tok"}} if chat else {"text": " tok"}
-            await _send(resp, {"choices": [{"index": 0, **piece}], "i": i, "from": state.name})
-        if (body.get("stream_options") or {}).get("include_usage"):
-            await _send(resp, {"choices": [], "usage": usage})
-        await resp.write(b"data: [DONE]\n\n")
-        await resp.write_eof()
-    except (asyncio.CancelledError, ConnectionError):
-        state.num_aborted += 1
-        raise
+    gaps = state.chunk_gaps_s or (state.chunk_delay_s,) * num_chunks
+    if chat:  # vLLM sends the role first, with empty content
+        role = {"role": "assistant", "content": ""}
+        await _send(resp, {"choices": [{"index": 0, "delta": role}]})
+    for i, gap_s in enumerate(gaps):
+        if state.die_after_chunks is not None and i >= state.die_after_chunks:
+            assert request.transport is not None
+            request.transport.close()
+            return resp
+        if gap_s:
+            await asyncio.sleep(gap_s)
+        piece = {"delta": {"content": " tok"}} if chat else {"text": " tok"}
+        await _send(resp, {"choices": [{"index": 0, **piece}], "i": i, "from": state.name})
+    if (body.get("stream_options") or {}).get("include_usage"):
+        await _send(resp, {"choices": [], "usage": usage})
+    await resp.write(b"data: [DONE]\n\n")
+    await resp.write_eof()
     return resp
 
 
@@ -257,7 +281,7 @@ async def _metrics(request: web.Request) -> web.Response:
 
 
 def make_fake_app(state: FakeState) -> web.Application:
-    app = web.Application()
+    app = web.Application(client_max_size=16 << 20)  # prompts of megabytes, as vLLM takes
     app[STATE] = state
     app.router.add_post("/v1/completions", _completions)
     app.router.add_post("/v1/chat/completions", _completions)
@@ -287,6 +311,7 @@ class FakeBackend:
         return self
 
     async def close(self) -> None:
+        self.state.release.set()
         await self._runner.cleanup()
 
 
