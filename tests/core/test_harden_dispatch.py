@@ -13,7 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvroute.core.fleet import BackendState, Fleet
+from kvroute.core.backend import BackendState
+from kvroute.core.fleet import Fleet
 from kvroute.core.load import Ticket
 from kvroute.core.policy import RouteRequest, policy_names
 from tests.core.routing_helpers import chain, make_fleet, req, serve, url

@@ -20,7 +20,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from kvroute.common.tokenizer import OUTPUT_WORDS
-from kvroute.core.fleet import BackendState
+from kvroute.core.backend import BackendState
 from kvroute.router.app import make_app
 from kvroute.router.state import STATE
 from kvroute.sim.profiles import get_profile

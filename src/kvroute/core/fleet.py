@@ -37,15 +37,14 @@ from dataclasses import dataclass, field
 from random import Random
 from typing import Protocol
 
-import xxhash
-
 from kvroute.common.kv_events import BlockStored, KvEvent
+from kvroute.core.backend import Backend, BackendState, parse_block_size
 from kvroute.core.calibration import TextCalibration
 from kvroute.core.cost import CostConfig, PrefillRate, estimate_ttft_s, work_tokens
 from kvroute.core.index import LruCacheModel, PrefixIndex
 from kvroute.core.keys import CHARS_PER_TOKEN
 from kvroute.core.kv_sync import MODES, ExactSync, KvOutcome
-from kvroute.core.load import MAX_COUNT, BackendLoad, Ticket, clamp_count
+from kvroute.core.load import MAX_COUNT, Ticket, clamp_count
 from kvroute.core.load_order import Group, GroupKey, LoadOrder
 from kvroute.core.policy.base import (
     Decision,
@@ -55,23 +54,10 @@ from kvroute.core.policy.base import (
     cached_tokens_for,
 )
 from kvroute.core.sessions import DEFAULT_MAX_ENTRIES, DEFAULT_TTL_S, SessionTable
-from kvroute.core.working_set import WorkingSet
 
 # Per-model cache key of every name no backend lists: only the wildcard backends can serve
 # such a name, so one entry answers for all of them (client-chosen names add none).
 _UNLISTED = GroupKey("unlisted")
-
-
-MAX_BLOCK_SIZE = 1 << 16  # larger scraped or announced block sizes are not believed
-
-
-def _block_size(value: object) -> int | None:
-    """A block size an engine reported, or None when it is not a plausible one."""
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_BLOCK_SIZE:
-        return value
-    return None
 
 
 def _bounded(req: RouteRequest) -> RouteRequest:
@@ -147,114 +133,6 @@ class FleetConfig:
             raise ValueError("fleet.session_max_entries: must be >= 1")
 
 
-@dataclass(frozen=True, slots=True)
-class BackendState:
-    """One backend as metrics and the status page see it (a snapshot)."""
-
-    url: str  # backend URL
-    models: tuple[str, ...]  # models it serves; () = unknown, treated as any
-    weight: float  # relative capacity
-    healthy: bool  # passes health checks
-    draining: bool  # takes no new requests
-    block_size: int  # tokens per engine block (scraped, else the default)
-    capacity_blocks: int  # cache-model capacity (scraped num_gpu_blocks, else the default)
-    in_flight_requests: int  # merged: max(ours, engine running + waiting)
-    in_flight_tokens: int  # merged queued prefill + decode tokens
-    queued_prefill_tokens: int  # merged uncached prompt tokens before first token
-    engine_num_running: int | None  # last scraped gauge (None: never scraped)
-    engine_num_waiting: int | None  # last scraped gauge
-    kv_cache_usage: float | None  # last scraped vllm:kv_cache_usage_perc, 0..1
-    index_blocks: int  # blocks the router's cache model holds for it
-    prefill_tokens_per_s: float  # learned prefill rate
-    rate_samples: int  # first tokens the rate has learned from
-    predicted_hit_tokens: int  # sum of predicted cached tokens over dispatches
-    predicted_query_tokens: int  # sum of prompt tokens over dispatches
-    reported_hit_tokens: int  # sum of engine-reported cached_tokens (responses)
-    reported_query_tokens: int  # prompt tokens of the requests that reported
-    engine_hit_tokens: int  # delta of vllm:prefix_cache_hits_total since first scrape
-    engine_query_tokens: int  # delta of vllm:prefix_cache_queries_total since first scrape
-    num_dispatched: int  # requests dispatched
-    num_failed: int  # requests finished with ok=False
-    mode: str = "approximate"  # this backend's view: "exact" (KV events) or "approximate"
-    kv_last_seq: int | None = None  # last applied KV event batch number (None: none yet)
-    kv_lag_s: float | None = None  # receive time - engine timestamp of that batch
-    kv_num_gaps: int = 0  # sequence gaps found in its event stream
-    kv_num_restarts: int = 0  # engine restarts seen in its event stream
-    kv_num_events: int = 0  # KV events applied
-    speculative_blocks: int = 0  # exact mode: dispatched keys not yet confirmed by events
-    own_in_flight_requests: int = 0  # the router's own dispatched, unfinished requests
-    reported_predicted_tokens: int = 0  # predicted cached tokens of the requests that reported
-    num_reported: int = 0  # requests whose engine reported cached_tokens
-    num_reported_exact: int = 0  # of which the router's prediction was exactly the report
-    # approximate mode: learned UTF-8 bytes of prompt text per engine token of its models
-    # (4.0, the built-in tokenizer's, until learned) and its cache model's capacity in
-    # key blocks (capacity_blocks x bytes_per_token / 4)
-    bytes_per_token: float = float(CHARS_PER_TOKEN)
-    key_capacity_blocks: int = 0
-    # key blocks its requests reused within its cache's last turnover (its working set,
-    # core/working_set.py; evicting them costs more than evicting others)
-    hot_blocks: int = 0
-
-
-class _Backend:
-    """Mutable per-backend record (internal)."""
-
-    __slots__ = (
-        "block_size",
-        "draining",
-        "engine_counters",
-        "epoch",
-        "healthy",
-        "kv_cache_usage",
-        "load",
-        "models",
-        "num_dispatched",
-        "num_failed",
-        "num_gpu_blocks",
-        "open_tickets",
-        "predicted",
-        "rate",
-        "reported",
-        "tiebreak",
-        "url",
-        "weight",
-        "working_set",
-    )
-
-    def __init__(
-        self, url: str, epoch: int, models: Iterable[str], weight: float, fleet_rate: PrefillRate
-    ):
-        self.url = url
-        self.epoch = epoch
-        self.models = frozenset(models)
-        self.weight = weight
-        self.healthy = True
-        self.draining = False
-        self.block_size: int | None = None
-        self.num_gpu_blocks: int | None = None
-        self.kv_cache_usage: float | None = None
-        self.load = BackendLoad()
-        # the fleet's rate x weight x an offset learned from its own first tokens (cost.py)
-        self.rate = PrefillRate(fleet_rate.config, reference=fleet_rate, scale=weight)
-        self.open_tickets: dict[int, Ticket] = {}
-        self.predicted = [0, 0]  # [hit tokens, query tokens]
-        # [hit tokens, query tokens, predicted hit tokens, requests, exactly predicted]
-        self.reported = [0, 0, 0, 0, 0]
-        # [last hits, last queries, hit delta sum, query delta sum]; None until first scrape
-        self.engine_counters: list[int | None] = [None, None, 0, 0]
-        self.num_dispatched = 0
-        self.num_failed = 0
-        self.tiebreak = xxhash.xxh3_64_intdigest(url.encode())
-        self.working_set = WorkingSet()  # blocks its requests reuse (the eviction cost)
-
-    def serves(self, model: str | None) -> bool:
-        return model is None or not self.models or model in self.models
-
-    @property
-    def is_orderable(self) -> bool:
-        return self.healthy and not self.draining
-
-
 class Fleet:
     """Backends, index, load, cost and policy behind one synchronous API (module doc)."""
 
@@ -265,7 +143,7 @@ class Fleet:
         self.config = config or FleetConfig()
         self.rng = rng if rng is not None else Random(0)
         self.index = PrefixIndex(self.config.max_index_entries)
-        self._backends: dict[str, _Backend] = {}
+        self._backends: dict[str, Backend] = {}
         self._order = LoadOrder()
         self._next_epoch = 0
         self._next_ticket = 0
@@ -295,7 +173,7 @@ class Fleet:
         if not 0 < weight < math.inf:
             raise ValueError(f"weight must be > 0 and finite, got {weight}")
         self._next_epoch += 1
-        b = _Backend(url, self._next_epoch, models, float(weight), self.fleet_rate)
+        b = Backend(url, self._next_epoch, models, float(weight), self.fleet_rate)
         b.healthy = healthy
         self._backends[url] = b
         self._count_models(b.models, 1)
@@ -342,8 +220,7 @@ class Fleet:
         queue and KV usage must not count (the next scrape after recovery refills them)."""
         b = self._get(url)
         if not healthy:
-            b.load.engine_num_running = b.load.engine_num_waiting = None
-            b.kv_cache_usage = None
+            b.forget_engine_gauges()
         if b.healthy != healthy:
             b.healthy = healthy
             self._membership_changed(b)
@@ -369,13 +246,13 @@ class Fleet:
         """Every backend URL, sorted."""
         return sorted(self._backends)
 
-    def _get(self, url: str) -> _Backend:
+    def _get(self, url: str) -> Backend:
         b = self._backends.get(url)
         if b is None:
             raise ValueError(f"unknown backend: {url}")
         return b
 
-    def _membership_changed(self, b: _Backend) -> None:
+    def _membership_changed(self, b: Backend) -> None:
         if b.is_orderable:
             self._put_in_order(b)
         else:
@@ -387,11 +264,11 @@ class Fleet:
         self._model_to_block_size.clear()
         self._model_to_key_kind.clear()
 
-    def _reorder(self, b: _Backend) -> None:
+    def _reorder(self, b: Backend) -> None:
         if b.is_orderable:
             self._put_in_order(b)
 
-    def _put_in_order(self, b: _Backend) -> None:
+    def _put_in_order(self, b: Backend) -> None:
         self._order.put(b.url, b.models, b.load.in_flight_tokens, b.weight, b.tiebreak)
 
     # -- engine metrics ----------------------------------------------------------------
@@ -413,33 +290,15 @@ class Fleet:
         b = self._backends.get(url)
         if b is None:
             return
-        b.load.observe_engine(num_running, num_waiting)
-        if kv_cache_usage is not None:
-            # compared, not converted: nan is 0, an int too big for a float is 1
-            u = kv_cache_usage
-            b.kv_cache_usage = 1.0 if u > 1 else float(u) if u > 0 else 0.0
-        size = _block_size(block_size)
-        if size is not None and size != b.block_size:
-            b.block_size = size
+        size_changed, has_capacity = b.observe_engine(
+            num_running, num_waiting, kv_cache_usage, block_size, num_gpu_blocks
+        )
+        if size_changed:
             self._invalidate()
-        if num_gpu_blocks is not None and num_gpu_blocks >= 1:
-            b.num_gpu_blocks = clamp_count(num_gpu_blocks)
+        if has_capacity:
             self._apply_capacity(b)
-        self._count_engine(b, 0, prefix_cache_hits)
-        self._count_engine(b, 1, prefix_cache_queries)
+        b.engine.observe(prefix_cache_hits, prefix_cache_queries)
         self._reorder(b)
-
-    @staticmethod
-    def _count_engine(b: _Backend, i: int, value: int | None) -> None:
-        """Accumulate the delta of a cumulative counter; a drop means the engine restarted."""
-        if value is None:
-            return
-        value = clamp_count(value)
-        last = b.engine_counters[i]
-        if last is not None:
-            delta = value - last if value >= last else value
-            b.engine_counters[i + 2] = (b.engine_counters[i + 2] or 0) + delta
-        b.engine_counters[i] = value
 
     def block_size_for(self, model: str | None) -> int:
         """Block size the keys of ``model`` are cut to: the most common among eligible backends."""
@@ -510,11 +369,7 @@ class Fleet:
         means = b.load.means_after(ticket)
         # commit: from here on only counters move
         self._next_ticket = ticket.ticket_id
-        b.load.acquire(ticket, means)
-        b.open_tickets[ticket.ticket_id] = ticket
-        b.predicted[0] += cached
-        b.predicted[1] += req.num_prompt_tokens
-        b.num_dispatched += 1
+        b.acquire(ticket, means)
         told = 0  # listeners that heard of the dispatch
         try:
             if not self.sync.speculate(b.url, ticket.ticket_id, req.block_hashes, now):
@@ -533,16 +388,12 @@ class Fleet:
         return ticket
 
     def _undo_dispatch(
-        self, b: _Backend, ticket: Ticket, means: tuple[float, float], now: float, told: int
+        self, b: Backend, ticket: Ticket, means: tuple[float, float], now: float, told: int
     ) -> None:
         """Take back a dispatch whose hooks raised (``means``: the load's before it)."""
         ticket.is_finished, ticket.ok = True, False
         self.sync.withdraw(ticket.ticket_id)
-        b.load.unacquire(ticket, means)
-        del b.open_tickets[ticket.ticket_id]
-        b.predicted[0] -= ticket.predicted_cached_tokens
-        b.predicted[1] -= ticket.num_prompt_tokens
-        b.num_dispatched -= 1
+        b.unacquire(ticket, means)
         self._reorder(b)
         for listener in self.listeners[:told]:  # they mirror the dispatch: end it there too
             with contextlib.suppress(Exception):  # the first error is the one to report
@@ -565,11 +416,11 @@ class Fleet:
         b = self._get(url)
         return self._cached_tokens(b, req, self.index.matched_blocks(url, req.block_hashes))
 
-    def _cached_tokens(self, b: _Backend, req: RouteRequest, num_held: int) -> int:
+    def _cached_tokens(self, b: Backend, req: RouteRequest, num_held: int) -> int:
         bs = self.key_block_tokens(req.model, b.block_size or self.config.default_block_size)
         return cached_tokens_for(num_held, req.num_prompt_tokens, bs)
 
-    def _touch_working_set(self, b: _Backend, keys: Sequence[int], num_held: int) -> None:
+    def _touch_working_set(self, b: Backend, keys: Sequence[int], num_held: int) -> None:
         """``b``'s working set learns a dispatch: its window is the cache model's capacity
         (one turnover); its size at most 4 x that (room for the ghosts of a working set
         larger than the cache) and at most an equal share of the index's cap (so all of
@@ -591,7 +442,7 @@ class Fleet:
             b.load.release_prefill(ticket)
             cached = ticket.predicted_cached_tokens
             if cached_tokens is not None:
-                self._record_cached_tokens(b, ticket, cached_tokens)
+                b.record_reported(ticket, cached_tokens)
                 cached = ticket.reported_cached_tokens or 0
             uncached = max(0, ticket.num_prompt_tokens - cached)
             work = ticket.queued_ahead_tokens + work_tokens(uncached, cached, self.config.cost)
@@ -601,7 +452,7 @@ class Fleet:
         for listener in self.listeners:  # last: one that raises cannot skew the load
             listener.on_first_token(ticket, now, cached_tokens)
 
-    def prefill_rate_of(self, b: _Backend) -> float:
+    def prefill_rate_of(self, b: Backend) -> float:
         """``b``'s rate: the fleet's x weight, departing only as far as its samples insist."""
         return b.rate.tokens_per_s
 
@@ -615,21 +466,9 @@ class Fleet:
         if b is None or ticket.reported_cached_tokens is not None:
             return
         cached_tokens = clamp_count(cached_tokens)
-        self._record_cached_tokens(b, ticket, cached_tokens)
+        b.record_reported(ticket, cached_tokens)
         for listener in self.listeners:
             listener.on_cached_tokens(ticket, cached_tokens)
-
-    def _record_cached_tokens(self, b: _Backend, ticket: Ticket, cached_tokens: int) -> None:
-        if ticket.reported_cached_tokens is not None:
-            return
-        cached = min(clamp_count(cached_tokens), ticket.num_prompt_tokens)
-        ticket.reported_cached_tokens = cached
-        r = b.reported
-        r[0] += cached
-        r[1] += ticket.num_prompt_tokens
-        r[2] += ticket.predicted_cached_tokens
-        r[3] += 1
-        r[4] += cached == ticket.predicted_cached_tokens
 
     def finish(self, ticket: Ticket, now: float, ok: bool) -> None:
         """The request ended (success, error, timeout, disconnect): release once; again: no-op."""
@@ -641,10 +480,7 @@ class Fleet:
             self.sync.withdraw(ticket.ticket_id)  # the engine will not cache its blocks
         b = self._live(ticket)
         if b is not None:
-            b.load.release(ticket)
-            del b.open_tickets[ticket.ticket_id]
-            if not ok:
-                b.num_failed += 1
+            b.release(ticket, ok)
             self._reorder(b)
         # hooks last: one that raises cannot keep the load counted
         for listener in self.listeners:
@@ -652,7 +488,7 @@ class Fleet:
         if b is not None:
             self.policy.on_finished(b.url, ticket.request_id, now, ok)
 
-    def _live(self, ticket: Ticket) -> _Backend | None:
+    def _live(self, ticket: Ticket) -> Backend | None:
         b = self._backends.get(ticket.url)
         return b if b is not None and b.epoch == ticket.epoch else None
 
@@ -685,11 +521,11 @@ class Fleet:
             return block_size
         return max(1, round(block_size * CHARS_PER_TOKEN / r))
 
-    def _engine_capacity(self, b: _Backend) -> int:
+    def _engine_capacity(self, b: Backend) -> int:
         """Engine blocks of ``b``'s cache: scraped, else the default."""
         return b.num_gpu_blocks or self.config.default_capacity_blocks
 
-    def _backend_bytes_per_token(self, b: _Backend) -> float:
+    def _backend_bytes_per_token(self, b: Backend) -> float:
         """Bytes per token of the text ``b`` caches: the mean over the models it lists
         (one, usually), the pooled estimate for a backend whose models are unknown."""
         cal = self.calibration
@@ -697,7 +533,7 @@ class Fleet:
             return cal.bytes_per_token(None)
         return sum(cal.bytes_per_token(m) for m in b.models) / len(b.models)
 
-    def _key_capacity(self, b: _Backend) -> int:
+    def _key_capacity(self, b: Backend) -> int:
         """``b``'s cache model capacity in key blocks. Outside approximate mode, engine
         blocks: keys are the engine's own blocks there, or become them once a backend
         syncs (auto mode's text keys meanwhile are held at one engine block each)."""
@@ -707,7 +543,7 @@ class Fleet:
         scale = self._backend_bytes_per_token(b) / CHARS_PER_TOKEN
         return blocks if scale == 1 else max(1, round(blocks * scale))
 
-    def _apply_capacity(self, b: _Backend) -> None:
+    def _apply_capacity(self, b: Backend) -> None:
         if b.url in self.index.url_to_model:
             self.index.set_capacity(b.url, self._key_capacity(b))
 
@@ -748,7 +584,7 @@ class Fleet:
         self.sync.expire(now)
         if b.block_size is None:
             sizes = [e.block_size for e in events if isinstance(e, BlockStored)]
-            size = _block_size(sizes[0]) if sizes else None
+            size = parse_block_size(sizes[0]) if sizes else None
             if size is not None:
                 b.block_size = size
                 self._invalidate()
@@ -794,52 +630,18 @@ class Fleet:
     def backend_states(self) -> list[BackendState]:
         return [self._state(self._backends[u]) for u in sorted(self._backends)]
 
-    def _state(self, b: _Backend) -> BackendState:
-        s = self.sync.url_to_stream[b.url]
-        model = self.sync.model(b.url)
+    def _state(self, b: Backend) -> BackendState:
         key_capacity = self.index.url_to_model[b.url].capacity_blocks
         # approximate mode: the engine's blocks (its key blocks are scaled from them)
         approximate = self.config.mode == "approximate"
-        capacity = self._engine_capacity(b) if approximate else key_capacity
-        return BackendState(
-            url=b.url,
-            models=tuple(sorted(b.models)),
-            weight=b.weight,
-            healthy=b.healthy,
-            draining=b.draining,
+        return b.state(
             block_size=b.block_size or self.config.default_block_size,
-            capacity_blocks=capacity,
-            in_flight_requests=b.load.requests,
-            in_flight_tokens=b.load.in_flight_tokens,
-            queued_prefill_tokens=b.load.queued_prefill_tokens,
-            engine_num_running=b.load.engine_num_running,
-            engine_num_waiting=b.load.engine_num_waiting,
-            kv_cache_usage=b.kv_cache_usage,
+            capacity_blocks=self._engine_capacity(b) if approximate else key_capacity,
             index_blocks=self.index.num_blocks(b.url),
-            prefill_tokens_per_s=b.rate.tokens_per_s,
-            rate_samples=b.rate.num_samples,
-            predicted_hit_tokens=b.predicted[0],
-            predicted_query_tokens=b.predicted[1],
-            reported_hit_tokens=b.reported[0],
-            reported_query_tokens=b.reported[1],
-            engine_hit_tokens=b.engine_counters[2] or 0,
-            engine_query_tokens=b.engine_counters[3] or 0,
-            num_dispatched=b.num_dispatched,
-            num_failed=b.num_failed,
-            mode="exact" if model is not None else "approximate",
-            kv_last_seq=s.last_seq if s.last_seq >= 0 else None,
-            kv_lag_s=s.lag_s,
-            kv_num_gaps=s.num_gaps,
-            kv_num_restarts=s.num_restarts,
-            kv_num_events=s.num_events,
-            speculative_blocks=model.num_speculative if model is not None else 0,
-            own_in_flight_requests=b.load.in_flight_requests,
-            reported_predicted_tokens=b.reported[2],
-            num_reported=b.reported[3],
-            num_reported_exact=b.reported[4],
+            stream=self.sync.url_to_stream[b.url],
+            exact=self.sync.model(b.url),
             bytes_per_token=self._backend_bytes_per_token(b),
             key_capacity_blocks=key_capacity,
-            hot_blocks=b.working_set.num_hot,
         )
 
     def check_invariants(self) -> None:
@@ -856,13 +658,7 @@ class Fleet:
         listed = Counter(m for b in self._backends.values() for m in b.models)
         assert listed == self._model_refs, "fleet: listed-model counts"
         for url, b in self._backends.items():
-            b.load.check_invariants()
-            b.working_set.check_invariants()
-            tickets = b.open_tickets.values()
-            assert b.load.in_flight_requests == len(tickets), "fleet: requests != open tickets"
-            assert b.load.decode_tokens == sum(t.decode_tokens for t in tickets), "fleet: decode"
-            queued = sum(t.uncached_tokens for t in tickets if not t.is_prefill_released)
-            assert b.load.queued_prefill_tokens_ours == queued, "fleet: queued prefill"
+            b.check_invariants()
             if url in orderable:
                 key = self._order.key_of(url)
                 assert key[0] == b.load.in_flight_tokens / b.weight, "fleet: stale order key"

@@ -8,7 +8,7 @@ from typing import Any
 from aiohttp import web
 
 from kvroute.common.vllm_metrics import EngineMetrics
-from kvroute.core.fleet import BackendState
+from kvroute.core.backend import BackendState
 from kvroute.router.backends import BackendRuntime
 from kvroute.router.state import STATE, RouterState
 
