@@ -23,6 +23,10 @@ observations, the pooled one (every model's observations) before, and the prior 
 that. At most ``max_models`` models are tracked (the least recently observed is
 forgotten); names reach here only once a backend lists them.
 
+The estimate scales the router's text keys, which are never recut: a key block of
+``block_size * 4`` bytes stands for ``key_block_tokens`` tokens, and an engine cache of
+N blocks holds ``key_capacity_blocks`` key blocks.
+
 Pure: no I/O, no clock.
 """
 
@@ -139,6 +143,27 @@ class TextCalibration:
     def estimate_tokens(self, model: str | None, text_bytes: int) -> int:
         """Tokens of a prompt of ``text_bytes`` UTF-8 bytes (at least 1)."""
         return max(1, int(text_bytes / self.bytes_per_token(model)))
+
+    def mean_bytes_per_token(self, models: frozenset[str]) -> float:
+        """Bytes per token of the text a backend listing ``models`` caches: the mean over
+        them (one, usually), the pooled value for a backend whose models are unknown."""
+        if not models:
+            return self.bytes_per_token(None)
+        return sum(self.bytes_per_token(m) for m in models) / len(models)
+
+
+def key_block_tokens(block_size: int, bytes_per_token: float) -> int:
+    """Tokens a text key block (``block_size * 4`` bytes) stands for at ``bytes_per_token``."""
+    if bytes_per_token == CHARS_PER_TOKEN:
+        return block_size
+    return max(1, round(block_size * CHARS_PER_TOKEN / bytes_per_token))
+
+
+def key_capacity_blocks(engine_blocks: int, bytes_per_token: float) -> int:
+    """An engine cache of ``engine_blocks`` blocks in text key blocks: each engine block
+    holds ``bytes_per_token / 4`` of them."""
+    scale = bytes_per_token / CHARS_PER_TOKEN
+    return engine_blocks if scale == 1 else max(1, round(engine_blocks * scale))
 
 
 def _is_count(value: object) -> bool:

@@ -40,6 +40,11 @@ of piling new prefixes onto whichever replica's queue is a few ms shorter and th
 it), and keeps overflow of a long prefix from flushing another replica's prefixes
 unless the queue it avoids is worth more.
 
+The numbers these terms take are computed here too, from what the router knows of a
+backend (core/view.py gathers them): ``kv_free_tokens`` (capacity, less the engine's
+pinned KV, less the prefills queued ahead), ``evicted_blocks`` (what the new blocks push
+out of a full cache) and ``evicted_hot_blocks`` (how many of those are hot).
+
 Token counts enter through ``clamp_count`` (core/load.py), so a client's absurd number
 costs a huge but finite time instead of an OverflowError.
 """
@@ -123,6 +128,31 @@ def kv_shortage(need_tokens: float, free_tokens: float, capacity_tokens: float) 
     if capacity_tokens <= 0:
         return 0.0
     return min(1.0, max(0.0, need_tokens - free_tokens) / capacity_tokens)
+
+
+def kv_free_tokens(
+    capacity_tokens: float, kv_cache_usage: float | None, queued_prefill_tokens: int
+) -> float:
+    """KV an engine could give a new request now: its capacity, less the part pinned by
+    running requests (the engine's usage gauge; 0 until scraped), less the uncached
+    blocks the prefills queued ahead of it will claim."""
+    pinned_tokens = (kv_cache_usage or 0.0) * capacity_tokens
+    return capacity_tokens - pinned_tokens - queued_prefill_tokens
+
+
+def evicted_blocks(held_blocks: int, capacity_blocks: int, new_blocks: int) -> int:
+    """Cached blocks pushed out when ``new_blocks`` join a cache of ``capacity_blocks``
+    that holds ``held_blocks``: as many as it overflows by, at most all it holds."""
+    return min(held_blocks, max(0, held_blocks + new_blocks - capacity_blocks))
+
+
+def evicted_hot_blocks(
+    evicted: int, hot_blocks: int, joining_blocks: int, capacity_blocks: int
+) -> int:
+    """Of ``evicted`` blocks, those of the backend's working set (``hot_blocks`` of it
+    held, ``joining_blocks`` of the new prompt joining it): hot ones go only when the
+    working set, the prompt in it, no longer fits the cache."""
+    return min(evicted, max(0, hot_blocks + joining_blocks - capacity_blocks))
 
 
 def estimate_ttft_s(

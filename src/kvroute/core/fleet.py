@@ -39,8 +39,8 @@ from typing import Protocol
 
 from kvroute.common.kv_events import BlockStored, KvEvent
 from kvroute.core.backend import Backend, BackendState, parse_block_size
-from kvroute.core.calibration import TextCalibration
-from kvroute.core.cost import CostConfig, PrefillRate, estimate_ttft_s, work_tokens
+from kvroute.core.calibration import TextCalibration, key_block_tokens, key_capacity_blocks
+from kvroute.core.cost import CostConfig, PrefillRate, work_tokens
 from kvroute.core.index import LruCacheModel, PrefixIndex
 from kvroute.core.keys import CHARS_PER_TOKEN
 from kvroute.core.kv_sync import MODES, ExactSync, KvOutcome
@@ -48,12 +48,12 @@ from kvroute.core.load import MAX_COUNT, Ticket, clamp_count
 from kvroute.core.load_order import Group, GroupKey, LoadOrder
 from kvroute.core.policy.base import (
     Decision,
-    LoadView,
     Policy,
     RouteRequest,
     cached_tokens_for,
 )
-from kvroute.core.sessions import DEFAULT_MAX_ENTRIES, DEFAULT_TTL_S, SessionTable
+from kvroute.core.sessions import DEFAULT_MAX_ENTRIES, DEFAULT_TTL_S, SessionTable, session_key
+from kvroute.core.view import RequestView
 
 # Per-model cache key of every name no backend lists: only the wildcard backends can serve
 # such a name, so one entry answers for all of them (client-chosen names add none).
@@ -67,13 +67,6 @@ def _bounded(req: RouteRequest) -> RouteRequest:
     if 0 <= n <= MAX_COUNT and 0 <= m <= MAX_COUNT:
         return req
     return dataclasses.replace(req, num_prompt_tokens=clamp_count(n), max_tokens=clamp_count(m))
-
-
-def _session_key(model: str | None, session: str) -> str:
-    """The session table's key: one id on two models is two sessions (each model's
-    backends hold its own context). The model's length first, so no pair of strings
-    can make another pair's key ("-" starts the keys of requests naming no model)."""
-    return f"-{session}" if model is None else f"{len(model)}:{model}{session}"
 
 
 class FleetListener(Protocol):
@@ -335,8 +328,22 @@ class Fleet:
         """The policy's decision for ``req`` among eligible backends not in ``exclude``."""
         req = _bounded(req)
         self.sync.expire(now)
-        bs = self.key_block_tokens(req.model, self.block_size_for(req.model))
-        view = _View(self, req.model, frozenset(exclude), bs, now)
+        r = self._key_bytes_per_token(req.model)
+        view = RequestView(
+            backends=self._backends,
+            order=self._order,
+            index=self.index,
+            sessions=self.sessions,
+            eligible=self._eligible(req.model),
+            model=req.model,
+            exclude=frozenset(exclude),
+            block_size=key_block_tokens(self.block_size_for(req.model), r),
+            bytes_per_token=r,
+            default_block_size=self.config.default_block_size,
+            cost=self.config.cost,
+            rng=self.rng,
+            now=now,
+        )
         if not self._order:
             return None
         return self.policy.choose(req, view, now)
@@ -381,7 +388,7 @@ class Fleet:
                 told += 1
             self._touch_working_set(b, req.block_hashes, num_held)
             if req.session is not None:  # last: a hook that raised leaves the session as it was
-                self.sessions.put(_session_key(req.model, req.session), b.url, now)
+                self.sessions.put(session_key(req.model, req.session), b.url, now)
         except BaseException:
             self._undo_dispatch(b, ticket, means_before, now, told)
             raise
@@ -404,7 +411,7 @@ class Fleet:
         within the session TTL, eligible or not (None: no session or none recorded)."""
         if req.session is None:
             return None
-        return self.sessions.get(_session_key(req.model, req.session), now)
+        return self.sessions.get(session_key(req.model, req.session), now)
 
     def num_sessions(self, now: float) -> int:
         """Sessions with a recorded backend at ``now`` (expired ones dropped first)."""
@@ -451,10 +458,6 @@ class Fleet:
             self._reorder(b)
         for listener in self.listeners:  # last: one that raises cannot skew the load
             listener.on_first_token(ticket, now, cached_tokens)
-
-    def prefill_rate_of(self, b: Backend) -> float:
-        """``b``'s rate: the fleet's x weight, departing only as far as its samples insist."""
-        return b.rate.tokens_per_s
 
     def record_cached_tokens(self, ticket: Ticket, cached_tokens: int) -> None:
         """The engine's own hit for this request (usage.prompt_tokens_details.cached_tokens).
@@ -513,25 +516,18 @@ class Fleet:
         the block size itself, except for text keys (approximate mode; auto mode until a
         backend of the model is synced), where a block of ``block_size * 4`` bytes holds
         ``block_size * 4 / bytes_per_token`` tokens."""
+        return key_block_tokens(block_size, self._key_bytes_per_token(model))
+
+    def _key_bytes_per_token(self, model: str | None) -> float:
+        """Bytes per token behind ``model``'s key blocks: 4 (none) for token keys."""
         if self.key_kind_for(model) != "text":
-            return block_size
+            return CHARS_PER_TOKEN
         key = model if model is not None and model in self._model_refs else None
-        r = self.calibration.bytes_per_token(key)
-        if r == CHARS_PER_TOKEN:
-            return block_size
-        return max(1, round(block_size * CHARS_PER_TOKEN / r))
+        return self.calibration.bytes_per_token(key)
 
     def _engine_capacity(self, b: Backend) -> int:
         """Engine blocks of ``b``'s cache: scraped, else the default."""
         return b.num_gpu_blocks or self.config.default_capacity_blocks
-
-    def _backend_bytes_per_token(self, b: Backend) -> float:
-        """Bytes per token of the text ``b`` caches: the mean over the models it lists
-        (one, usually), the pooled estimate for a backend whose models are unknown."""
-        cal = self.calibration
-        if not b.models:
-            return cal.bytes_per_token(None)
-        return sum(cal.bytes_per_token(m) for m in b.models) / len(b.models)
 
     def _key_capacity(self, b: Backend) -> int:
         """``b``'s cache model capacity in key blocks. Outside approximate mode, engine
@@ -540,8 +536,7 @@ class Fleet:
         blocks = self._engine_capacity(b)
         if self.config.mode != "approximate":
             return blocks
-        scale = self._backend_bytes_per_token(b) / CHARS_PER_TOKEN
-        return blocks if scale == 1 else max(1, round(blocks * scale))
+        return key_capacity_blocks(blocks, self.calibration.mean_bytes_per_token(b.models))
 
     def _apply_capacity(self, b: Backend) -> None:
         if b.url in self.index.url_to_model:
@@ -640,7 +635,7 @@ class Fleet:
             index_blocks=self.index.num_blocks(b.url),
             stream=self.sync.url_to_stream[b.url],
             exact=self.sync.model(b.url),
-            bytes_per_token=self._backend_bytes_per_token(b),
+            bytes_per_token=self.calibration.mean_bytes_per_token(b.models),
             key_capacity_blocks=key_capacity,
         )
 
@@ -662,141 +657,3 @@ class Fleet:
             if url in orderable:
                 key = self._order.key_of(url)
                 assert key[0] == b.load.in_flight_tokens / b.weight, "fleet: stale order key"
-
-
-class _View:
-    """FleetView for one routing call: the request's model and exclude list applied."""
-
-    __slots__ = ("_exclude", "_fleet", "_model", "_now", "block_size")
-
-    def __init__(
-        self,
-        fleet: Fleet,
-        model: str | None,
-        exclude: frozenset[str],
-        block_size: int,
-        now: float,
-    ) -> None:
-        self._fleet = fleet
-        self._model = model
-        self._exclude = exclude
-        self.block_size = block_size
-        self._now = now  # the routing call's time (session TTL)
-
-    @property
-    def rng(self) -> Random:
-        return self._fleet.rng
-
-    @property
-    def excluded(self) -> frozenset[str]:
-        return self._exclude
-
-    def is_eligible(self, url: str) -> bool:
-        return self._ok(url)
-
-    def _ok(self, url: str) -> bool:
-        b = self._fleet._backends.get(url)
-        return (
-            b is not None and b.is_orderable and b.serves(self._model) and url not in self._exclude
-        )
-
-    def candidates(self) -> Sequence[str]:
-        eligible = self._fleet._eligible(self._model)
-        if not self._exclude:
-            return eligible
-        return tuple(u for u in eligible if u not in self._exclude)
-
-    def least_loaded(self, k: int) -> list[str]:
-        out: list[str] = []
-        if k <= 0:
-            return out
-        for url in self._fleet._order.urls(self._model):
-            if url not in self._exclude:
-                out.append(url)
-                if len(out) >= k:
-                    break
-        return out
-
-    def load(self, url: str) -> LoadView:
-        b = self._fleet._get(url)
-        return LoadView(
-            in_flight_requests=b.load.requests,
-            in_flight_tokens=b.load.in_flight_tokens,
-            queued_prefill_tokens=b.load.queued_prefill_tokens,
-            weight=b.weight,
-        )
-
-    def mean_in_flight_tokens(self) -> float:
-        return self._fleet._order.mean_tokens()
-
-    def match(self, block_hashes: Sequence[int], max_holders: int) -> list[tuple[str, int]]:
-        out: list[tuple[str, int]] = []
-        for depth, mask in self._fleet.index.levels(block_hashes):
-            need = max_holders - len(out)
-            if need <= 0:
-                break
-            out.extend((u, depth) for u in self._least_loaded_of(mask, need))
-        return out
-
-    def _least_loaded_of(self, mask: int, need: int) -> list[str]:
-        """The ``need`` least-loaded eligible holders in ``mask``; big sets scan the order."""
-        fleet = self._fleet
-        if mask.bit_count() <= 4 * need + 16:
-            ok = [u for u in fleet.index.urls_of(mask) if self._ok(u)]
-            ok.sort(key=fleet._order.key_of)
-            return ok[:need]
-        out = []
-        has_bit = fleet.index.has_bit
-        for url in fleet._order.urls(self._model):
-            if has_bit(mask, url) and url not in self._exclude:
-                out.append(url)
-                if len(out) >= need:
-                    break
-        return out
-
-    def matched_blocks(self, url: str, block_hashes: Sequence[int]) -> int:
-        return self._fleet.index.matched_blocks(url, block_hashes)
-
-    def session_backend(self, session: str | None) -> str | None:
-        if session is None:
-            return None
-        url = self._fleet.sessions.get(_session_key(self._model, session), self._now)
-        return url if url is not None and self._ok(url) else None
-
-    @property
-    def cost(self) -> CostConfig:
-        return self._fleet.config.cost
-
-    def estimate_ttft_s(self, url: str, request: RouteRequest, cached_tokens: int) -> float:
-        fleet = self._fleet
-        b = fleet._get(url)
-        bs = fleet.key_block_tokens(request.model, b.block_size or fleet.config.default_block_size)
-        model = fleet.index.url_to_model[url]
-        capacity_tokens = model.capacity_blocks * bs
-        # Blocks this request adds to the cache push out as many held ones once it is full;
-        # hot ones go when the working set, this prompt in it, no longer fits.
-        held, capacity = len(model), model.capacity_blocks
-        new_blocks = max(0, request.num_prompt_tokens - cached_tokens) // bs
-        evicted_blocks = min(held, max(0, held + new_blocks - capacity))
-        hot_blocks = 0
-        if evicted_blocks:
-            ws = b.working_set
-            keys = request.block_hashes
-            joining = max(0, min(len(keys), capacity) - ws.num_hot_leading(keys))
-            hot_blocks = min(evicted_blocks, max(0, ws.num_hot + joining - capacity))
-        # Pinned KV from the engine's gauge (0 until scraped); our queued prefills will
-        # claim their uncached blocks on top of it.
-        pinned_tokens = (b.kv_cache_usage or 0.0) * capacity_tokens
-        free_tokens = capacity_tokens - pinned_tokens - b.load.queued_prefill_tokens
-        return estimate_ttft_s(
-            num_prompt_tokens=request.num_prompt_tokens,
-            cached_tokens=cached_tokens,
-            queued_prefill_tokens=b.load.queued_prefill_tokens,
-            prefill_tokens_per_s=fleet.prefill_rate_of(b),
-            config=fleet.config.cost,
-            kv_free_tokens=free_tokens,
-            kv_capacity_tokens=capacity_tokens,
-            decode_tokens=request.max_tokens,
-            evicted_tokens=evicted_blocks * bs,
-            evicted_hot_tokens=hot_blocks * bs,
-        )

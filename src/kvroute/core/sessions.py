@@ -22,6 +22,13 @@ DEFAULT_TTL_S = 600.0  # a session idle this long has no home any more
 DEFAULT_MAX_ENTRIES = 100_000  # ~35 MB at ~350 B an entry (key, node, reverse index)
 
 
+def session_key(model: str | None, session: str) -> str:
+    """The table's key of ``session`` on ``model``: one id on two models is two sessions
+    (each model's backends hold its own context). The model's length first, so no pair of
+    strings can make another pair's key ("-" starts the keys of requests naming no model)."""
+    return f"-{session}" if model is None else f"{len(model)}:{model}{session}"
+
+
 def session_result(recorded: str | None, chosen: str) -> str:
     """How a request with a session hint was placed: "new" (no recorded backend),
     "home" (its recorded backend) or "moved" (another one), for metrics."""

@@ -1,0 +1,193 @@
+"""The fleet as one routing call sees it: the ``FleetView`` a policy chooses through.
+
+A policy (core/policy/) sees neither backend records nor the index: it asks questions
+(who is eligible, who is least loaded, who holds this prefix, what would it cost there)
+of a ``RequestView`` built by ``Fleet.route`` for one request, with the request's model
+and exclude list already applied. The view reads the Fleet's parts it is given and
+changes nothing. Its TTFT estimate gathers one backend's numbers (cache size and fill,
+working set, engine KV usage, queue, learned rate) for the arithmetic of core/cost.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from random import Random
+
+from kvroute.core.backend import Backend
+from kvroute.core.calibration import key_block_tokens
+from kvroute.core.cost import (
+    CostConfig,
+    estimate_ttft_s,
+    evicted_blocks,
+    evicted_hot_blocks,
+    kv_free_tokens,
+)
+from kvroute.core.index import PrefixIndex
+from kvroute.core.load_order import LoadOrder
+from kvroute.core.policy.base import LoadView, RouteRequest
+from kvroute.core.sessions import SessionTable, session_key
+
+
+class RequestView:
+    """FleetView (core/policy/base.py) for one routing call: ``model`` and ``exclude``
+    applied. ``eligible``: the backends serving ``model`` (by URL); ``block_size``: the
+    tokens of one key block of the request; ``bytes_per_token``: the text calibration
+    behind its key blocks (4.0 for token keys), which scales a backend's own block size
+    into key-block tokens (core/calibration.py)."""
+
+    __slots__ = (
+        "_backends",
+        "_bytes_per_token",
+        "_default_block_size",
+        "_eligible",
+        "_exclude",
+        "_index",
+        "_model",
+        "_now",
+        "_order",
+        "_sessions",
+        "block_size",
+        "cost",
+        "rng",
+    )
+
+    def __init__(
+        self,
+        *,
+        backends: Mapping[str, Backend],
+        order: LoadOrder,
+        index: PrefixIndex,
+        sessions: SessionTable,
+        eligible: tuple[str, ...],
+        model: str | None,
+        exclude: frozenset[str],
+        block_size: int,
+        bytes_per_token: float,
+        default_block_size: int,
+        cost: CostConfig,
+        rng: Random,
+        now: float,
+    ) -> None:
+        self._backends = backends
+        self._order = order
+        self._index = index
+        self._sessions = sessions
+        self._eligible = eligible
+        self._model = model
+        self._exclude = exclude
+        self.block_size = block_size
+        self._bytes_per_token = bytes_per_token
+        self._default_block_size = default_block_size
+        self.cost = cost  # the cost model's knobs
+        self.rng = rng  # the fleet's seeded generator
+        self._now = now  # the routing call's time (session TTL)
+
+    @property
+    def excluded(self) -> frozenset[str]:
+        return self._exclude
+
+    def is_eligible(self, url: str) -> bool:
+        return self._ok(url)
+
+    def _ok(self, url: str) -> bool:
+        b = self._backends.get(url)
+        return (
+            b is not None and b.is_orderable and b.serves(self._model) and url not in self._exclude
+        )
+
+    def _get(self, url: str) -> Backend:
+        b = self._backends.get(url)
+        if b is None:
+            raise ValueError(f"unknown backend: {url}")
+        return b
+
+    def candidates(self) -> Sequence[str]:
+        eligible = self._eligible
+        if not self._exclude:
+            return eligible
+        return tuple(u for u in eligible if u not in self._exclude)
+
+    def least_loaded(self, k: int) -> list[str]:
+        out: list[str] = []
+        if k <= 0:
+            return out
+        for url in self._order.urls(self._model):
+            if url not in self._exclude:
+                out.append(url)
+                if len(out) >= k:
+                    break
+        return out
+
+    def load(self, url: str) -> LoadView:
+        b = self._get(url)
+        return LoadView(
+            in_flight_requests=b.load.requests,
+            in_flight_tokens=b.load.in_flight_tokens,
+            queued_prefill_tokens=b.load.queued_prefill_tokens,
+            weight=b.weight,
+        )
+
+    def mean_in_flight_tokens(self) -> float:
+        return self._order.mean_tokens()
+
+    def match(self, block_hashes: Sequence[int], max_holders: int) -> list[tuple[str, int]]:
+        out: list[tuple[str, int]] = []
+        for depth, mask in self._index.levels(block_hashes):
+            need = max_holders - len(out)
+            if need <= 0:
+                break
+            out.extend((u, depth) for u in self._least_loaded_of(mask, need))
+        return out
+
+    def _least_loaded_of(self, mask: int, need: int) -> list[str]:
+        """The ``need`` least-loaded eligible holders in ``mask``; big sets scan the order."""
+        if mask.bit_count() <= 4 * need + 16:
+            ok = [u for u in self._index.urls_of(mask) if self._ok(u)]
+            ok.sort(key=self._order.key_of)
+            return ok[:need]
+        out = []
+        has_bit = self._index.has_bit
+        for url in self._order.urls(self._model):
+            if has_bit(mask, url) and url not in self._exclude:
+                out.append(url)
+                if len(out) >= need:
+                    break
+        return out
+
+    def matched_blocks(self, url: str, block_hashes: Sequence[int]) -> int:
+        return self._index.matched_blocks(url, block_hashes)
+
+    def session_backend(self, session: str | None) -> str | None:
+        if session is None:
+            return None
+        url = self._sessions.get(session_key(self._model, session), self._now)
+        return url if url is not None and self._ok(url) else None
+
+    def estimate_ttft_s(self, url: str, request: RouteRequest, cached_tokens: int) -> float:
+        b = self._get(url)
+        bs = key_block_tokens(b.block_size or self._default_block_size, self._bytes_per_token)
+        model = self._index.url_to_model[url]
+        held, capacity = len(model), model.capacity_blocks
+        capacity_tokens = capacity * bs
+        # Blocks this request adds to the cache push out as many held ones once it is full.
+        new_blocks = max(0, request.num_prompt_tokens - cached_tokens) // bs
+        evicted = evicted_blocks(held, capacity, new_blocks)
+        hot = 0
+        if evicted:  # only then is the working set asked (a binary search over the keys)
+            ws = b.working_set
+            keys = request.block_hashes
+            joining = max(0, min(len(keys), capacity) - ws.num_hot_leading(keys))
+            hot = evicted_hot_blocks(evicted, ws.num_hot, joining, capacity)
+        queued = b.load.queued_prefill_tokens
+        return estimate_ttft_s(
+            num_prompt_tokens=request.num_prompt_tokens,
+            cached_tokens=cached_tokens,
+            queued_prefill_tokens=queued,
+            prefill_tokens_per_s=b.rate.tokens_per_s,
+            config=self.cost,
+            kv_free_tokens=kv_free_tokens(capacity_tokens, b.kv_cache_usage, queued),
+            kv_capacity_tokens=capacity_tokens,
+            decode_tokens=request.max_tokens,
+            evicted_tokens=evicted * bs,
+            evicted_hot_tokens=hot * bs,
+        )
