@@ -1,6 +1,6 @@
 """The bottom package, the core and the engine are pure: no I/O, no clock, no global
-random (style.md §7.1). Callers pass ``now`` and a seeded ``random.Random``; files and
-YAML are read at the edges (router/, sim/, bench/)."""
+random (docs/architecture.md, convention 1). Callers pass ``now`` and a seeded
+``random.Random``; files and YAML are read at the edges (router/, sim/, bench/)."""
 
 import ast
 import pathlib

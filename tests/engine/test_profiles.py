@@ -11,7 +11,7 @@ import pytest
 from kvroute.engine import PROFILES, EngineProfile
 from kvroute.sim.profiles import get_profile, load_profile
 
-TABLE = {  # engine-model.md: kv tokens, t_fwd0, b, c, k_ctx, a_api
+TABLE = {  # docs/engine-model.md: kv tokens, t_fwd0, b, c, k_ctx, a_api
     "llama-3.1-8b-a100": (440_000, 12, 0.090, 3.4e-6, 1.26e-4, 15),
     "codellama-13b-a100": (58_000, 19, 0.160, 5.3e-6, 7.9e-4, 15),
     "codellama-13b-a100-40g": (9_000, 19, 0.160, 5.3e-6, 7.9e-4, 15),

@@ -138,7 +138,7 @@ def summarize(records: Sequence[RequestRecord], duration_s: float) -> dict[str, 
 
 
 def router_stickiness(records: Sequence[RequestRecord]) -> float | None:
-    """Ranvier's client-side "cache hit rate" (ranvier.md §3.3), for comparison only.
+    """Ranvier's client-side "cache hit rate" (docs/workloads.md), for comparison only.
 
     A request counts as a hit when the backend that served it is the backend that last
     served the same key (here its ``prefix_group``); the first sighting of a key and any

@@ -2,7 +2,7 @@
 
 This is the in-process entry point ``kvroute bench`` uses, and the one ``compare`` and
 ``demo`` call once per router: warm-up, a /metrics snapshot of every backend, the
-measured run, a second snapshot, then the result dict (design.md §4.4 keys).
+measured run, a second snapshot, then the result dict (keys: docs/architecture.md, "Result JSON").
 """
 
 from __future__ import annotations

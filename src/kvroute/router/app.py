@@ -1,9 +1,9 @@
 """``make_app``: the router application that ``kvroute serve`` runs and the tests build.
 
-The handlers are thin (style.md §7.12): parsing, the Fleet and relaying live in their own
-modules. One middleware turns every error into the OpenAI shape and counts requests.
-Long-lived resources (upstream pool, health loop, scraper, KV-event feeds) live in a
-cleanup context.
+The handlers are thin (docs/architecture.md, convention 8): parsing, the Fleet and
+relaying live in their own modules. One middleware turns every error into the OpenAI
+shape and counts requests. Long-lived resources (upstream pool, health loop, scraper,
+KV-event feeds) live in a cleanup context.
 """
 
 from __future__ import annotations

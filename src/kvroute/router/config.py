@@ -1,7 +1,8 @@
 """Router configuration: frozen dataclasses, one loader for YAML + command-line flags.
 
 Each dataclass range-checks its fields in ``__post_init__`` and raises ``ValueError``
-naming the field (style.md §7.11). ``load_config`` is the only place that reads YAML.
+naming the field (docs/architecture.md, convention 7). ``load_config`` is the only
+place that reads YAML.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The router's one error tree (style.md §7.13).
+"""The router's one error tree (docs/architecture.md, convention 9).
 
 Every failure the router reports to a client is a ``KvrouteError`` subclass carrying its
 HTTP status, OpenAI error ``type`` and ``code``; one middleware (``router/app.py``) turns

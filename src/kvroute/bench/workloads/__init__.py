@@ -1,4 +1,4 @@
-"""Named, seeded, deterministic workloads (docs: workloads.md in the shared docs).
+"""Named, seeded, deterministic workloads (docs/workloads.md).
 
 ``make_workload("gsp", seed=1, overrides={"num_groups": "8"})`` builds one;
 ``mooncake:PATH`` (or ``mooncake`` with ``trace_path``) replays a Mooncake trace.

@@ -1,7 +1,7 @@
 """``mooncake:PATH``: replay of a Mooncake-format trace (pure; reading the file is elsewhere).
 
 Each row has ``timestamp`` (ms), ``input_length``, ``output_length`` and ``hash_ids``,
-the prefix-chained ids of its 512-token blocks. Replay rules (workloads.md):
+the prefix-chained ids of its 512-token blocks. Replay rules (docs/workloads.md):
 
 - each hash id becomes one deterministic block of words, seeded by the workload seed and
   the id; a prompt is its blocks joined and cut to exactly ``input_length`` tokens, so

@@ -1,4 +1,4 @@
-"""``ranvier-stress``: the request mix behind Ranvier's published numbers (ranvier.md §3.2).
+"""``ranvier-stress``: the request mix behind Ranvier's published numbers (docs/workloads.md).
 
 Each request is drawn independently: 10 % one of 5 fixed short prompts (no system
 message); 20 % "medium" (with probability ``prefix_ratio`` one of 2 system prompts plus
@@ -23,7 +23,7 @@ BUCKETS = ("short", "medium", "large", "xlarge")
 
 @dataclass(frozen=True, slots=True)
 class RanvierStressParams:
-    """Sizes in tokens; defaults follow Ranvier's locustfile as described in ranvier.md."""
+    """Sizes in tokens; defaults follow Ranvier's Locust file (docs/workloads.md)."""
 
     mix: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4)  # shares of short, medium, large, xlarge
     prefix_ratio: float = 0.9  # medium: probability of a shared system prompt
