@@ -38,6 +38,7 @@ from typing import Any
 import aiohttp
 
 from kvroute.bench import hardening as h
+from kvroute.bench import harness_procs as hp
 
 FAULT_KINDS = ("kill", "hang", "slow", "error", "drop", "unhealthy", "flap", "kv_gap",
                "kv_garbage")  # fmt: skip
@@ -224,11 +225,11 @@ async def run_chaos(config: ChaosConfig, notify: Notify | None = None) -> ChaosR
         mean_gap_s=config.mean_gap_s, fault_s=config.fault_s,
     )  # fmt: skip
     result = ChaosResult(config, schedule, out=out)
-    sims = h.sim_fleet(config.backends, out / "logs", profile=config.profile)
+    sims = hp.sim_fleet(config.backends, out / "logs", profile=config.profile)
     wall0 = time.monotonic()
     timeout = aiohttp.ClientTimeout(total=5)
     async with (
-        h.sims_and_router(
+        hp.sims_and_router(
             sims, mode="exact", overrides=ROUTER_OVERRIDES, logs=out / "logs"
         ) as router,
         aiohttp.ClientSession(timeout=timeout) as session,
@@ -261,7 +262,7 @@ async def run_chaos(config: ChaosConfig, notify: Notify | None = None) -> ChaosR
 
 
 async def _play(
-    schedule: Sequence[FaultEvent], sims: Sequence[h.SimProcess],
+    schedule: Sequence[FaultEvent], sims: Sequence[hp.SimProcess],
     session: aiohttp.ClientSession, t0: float, result: ChaosResult, say: Notify,
 ) -> None:  # fmt: skip
     """Apply and revert each fault at its time (one action at a time, in time order)."""
@@ -294,18 +295,18 @@ async def _play(
         say(f"{done_s:6.1f} s  {what}{'  ERROR ' + error if error else ''}")
 
 
-async def _post_faults(session: aiohttp.ClientSession, sim: h.SimProcess, change: dict) -> None:
+async def _post_faults(session: aiohttp.ClientSession, sim: hp.SimProcess, change: dict) -> None:
     async with session.post(f"{sim.url}/sim/faults", json=change) as resp:
         resp.raise_for_status()
 
 
-async def _clear_faults(session: aiohttp.ClientSession, sim: h.SimProcess) -> None:
+async def _clear_faults(session: aiohttp.ClientSession, sim: hp.SimProcess) -> None:
     async with session.delete(f"{sim.url}/sim/faults") as resp:
         resp.raise_for_status()
 
 
 async def _recover(
-    config: ChaosConfig, sims: Sequence[h.SimProcess], router: h.RouterProcess,
+    config: ChaosConfig, sims: Sequence[hp.SimProcess], router: hp.RouterProcess,
     session: aiohttp.ClientSession, result: ChaosResult, say: Notify,
 ) -> None:  # fmt: skip
     """Clear everything, let circuits close under a light load, then check invariants."""

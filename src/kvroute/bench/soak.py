@@ -43,6 +43,7 @@ from typing import Any
 import aiohttp
 
 from kvroute.bench import hardening as h
+from kvroute.bench import harness_procs as hp
 
 SERIES = ("rss_mib", "fds", "index_blocks", "tasks", "in_flight_requests", "in_flight_tokens")
 FLAT_SERIES = ("rss_mib", "fds", "index_blocks", "tasks")
@@ -207,11 +208,11 @@ async def run_soak(config: SoakConfig, notify: Notify | None = None) -> SoakResu
     out = config.out or Path(tempfile.mkdtemp(prefix="kvroute-soak-"))
     out.mkdir(parents=True, exist_ok=True)
     result = SoakResult(config, out=out)
-    sims = h.sim_fleet(config.backends, out / "logs", profile=config.profile,
+    sims = hp.sim_fleet(config.backends, out / "logs", profile=config.profile,
                        kv_events=config.mode != "approximate")  # fmt: skip
     overrides = {"limits": {"max_body_bytes": config.max_body_bytes}}
     wall0 = time.monotonic()
-    async with h.sims_and_router(sims, mode=config.mode, overrides=overrides,
+    async with hp.sims_and_router(sims, mode=config.mode, overrides=overrides,
                                  logs=out / "logs") as router:  # fmt: skip
         load = h.MixedLoad(router.url, config.profile, seed=config.seed, users=config.users,
                            max_body_bytes=config.max_body_bytes)  # fmt: skip
@@ -227,7 +228,7 @@ async def run_soak(config: SoakConfig, notify: Notify | None = None) -> SoakResu
 
 
 async def _run_load(
-    config: SoakConfig, result: SoakResult, sims: list[h.SimProcess], router: h.RouterProcess,
+    config: SoakConfig, result: SoakResult, sims: list[hp.SimProcess], router: hp.RouterProcess,
     load: h.MixedLoad, session: aiohttp.ClientSession, notify: Notify | None,
 ) -> None:  # fmt: skip
     stop = asyncio.Event()
@@ -255,7 +256,7 @@ async def _run_load(
 
 
 async def _restarts(
-    config: SoakConfig, sims: list[h.SimProcess], result: SoakResult, stop: asyncio.Event,
+    config: SoakConfig, sims: list[hp.SimProcess], result: SoakResult, stop: asyncio.Event,
     t0: float,
 ) -> None:  # fmt: skip
     """Kill backend k % n at every multiple k of restart_every_s; start it again."""
@@ -283,7 +284,7 @@ async def _restarts(
 
 
 async def _sample(
-    session: aiohttp.ClientSession, router: h.RouterProcess, load: h.MixedLoad, t_s: float
+    session: aiohttp.ClientSession, router: hp.RouterProcess, load: h.MixedLoad, t_s: float
 ) -> Sample:
     assert router.pid is not None, "sampled only while the router runs"
     rss, fds = h.proc_figures(router.pid)
