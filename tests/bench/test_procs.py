@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -109,3 +110,14 @@ def test_sim_engines_reads_the_lines_kvroute_sim_prints() -> None:
     )
     with pytest.raises(ValueError, match="missing"):
         sim_engines(lines[:1])
+
+
+def test_send_signal_reaches_the_child_alone(tmp_path: Path) -> None:
+    proc = _child("polite", tmp_path)
+    proc.launch()
+    grand = _grandchild(proc.wait_line_sync(r"^ready ", 20))
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait_sync(10) == -signal.SIGTERM
+    assert not _gone(grand), "the rest of its group was not signalled"
+    proc.stop_sync()  # the group goes now
+    assert _until(lambda: _gone(grand))

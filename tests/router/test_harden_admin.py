@@ -13,8 +13,8 @@ from __future__ import annotations
 import http.client
 import re
 import socket
-import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -24,7 +24,7 @@ from kvroute.router.config import RouterConfig, ServerConfig
 from kvroute.router.workers import WORKER_HEADER
 from tests.router.conftest import Harness
 from tests.router.test_harden_server import serving
-from tests.router.test_workers import KVROUTE, read_line_matching, stop
+from tests.router.test_workers import KVROUTE, start, stop
 
 ADMIN = "admin-key-123"
 KEY = {"Authorization": f"Bearer {ADMIN}"}
@@ -123,15 +123,15 @@ def _get(port: int, path: str) -> tuple[int, str]:
         conn.close()
 
 
-def test_workers_share_the_admin_port_and_the_client_timeouts() -> None:
+def test_workers_share_the_admin_port_and_the_client_timeouts(tmp_path: Path) -> None:
     """``--workers 2 --admin-port 0``: the supervisor reserves one admin port for both;
     each worker splits the endpoints and cuts a silent client after --header-timeout."""
     cmd = [*KVROUTE, "serve", "--workers", "2", "--port", "0", "--admin-port", "0",
            "--admin-key", ADMIN, "--header-timeout", "0.5", "--drain-timeout", "2",
            "--backend", "http://127.0.0.1:9"]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    proc = start("router", cmd, tmp_path)
     try:
-        line = read_line_matching(proc, r"listening on", 60)
+        (line,) = proc.wait_line_sync(r"listening on", 60)
         found = re.search(r":(\d+) .*admin on http://[\d.]+:(\d+)", line)
         assert found, line
         port, admin_port = int(found.group(1)), int(found.group(2))

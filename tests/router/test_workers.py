@@ -12,13 +12,9 @@ import contextlib
 import http.client
 import json
 import os
-import queue
 import re
 import signal
 import socket
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -27,6 +23,7 @@ import msgspec
 import pytest
 import zmq.asyncio
 
+from kvroute.bench.procs import KVROUTE, SIM_LINE, ManagedProcess, sim_engines
 from kvroute.cli import main
 from kvroute.core.fleet import Fleet
 from kvroute.core.policy.base import RouteRequest
@@ -35,76 +32,47 @@ from kvroute.router.worker_sync import BusSpec, FleetBus
 from kvroute.router.workers import WORKER_HEADER, SupervisorConfig, reserve_port
 from tests.conftest import until
 
-KVROUTE = [sys.executable, "-m", "kvroute.cli"]
 ADMIN_KEY = "workers-test"
 
 
-def read_line_matching(proc: subprocess.Popen[str], pattern: str, timeout_s: float) -> str:
-    """The first stdout line of ``proc`` matching ``pattern`` (a regex), within the time.
-
-    A thread reads the pipe: select() on a buffered text stream misses buffered lines.
-    """
-    assert proc.stdout is not None
-    lines: queue.Queue[str] = queue.Queue()
-    stdout = proc.stdout
-
-    def pump() -> None:
-        for line in iter(stdout.readline, ""):
-            lines.put(line)
-            if re.search(pattern, line):
-                return
-
-    threading.Thread(target=pump, daemon=True).start()
-    deadline = time.monotonic() + timeout_s
-    while (left_s := deadline - time.monotonic()) > 0:
-        try:
-            line = lines.get(timeout=min(left_s, 0.5))
-        except queue.Empty:
-            if proc.poll() is not None:
-                break
-            continue
-        if re.search(pattern, line):
-            return line
-    raise AssertionError(f"no line matching {pattern!r}; exit code {proc.poll()}")
+def start(name: str, cmd: list[str], logs: Path) -> ManagedProcess:
+    proc = ManagedProcess(name, cmd, logs / f"{name}.log")
+    proc.launch()
+    return proc
 
 
-def stop(proc: subprocess.Popen[str], sig: int = signal.SIGTERM, timeout_s: float = 20) -> int:
-    if proc.poll() is None:
-        proc.send_signal(sig)
+def stop(proc: ManagedProcess, timeout_s: float = 20) -> int:
+    """SIGTERM to the supervisor alone (it must stop its own workers): its exit code. Its
+    group is killed only if it did not exit, so a worker it left behind stays visible."""
+    proc.send_signal(signal.SIGTERM)
     try:
-        return proc.wait(timeout=timeout_s)
+        return proc.wait_sync(timeout_s)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
+        if proc.alive:
+            proc.stop_sync()
 
 
 @pytest.fixture(scope="module")
-def sim_urls() -> Iterator[list[str]]:
+def sim_urls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
     cmd = [*KVROUTE, "sim", "--backends", "2", "--profile", "tiny", "--speedup", "100",
            "--port-base", "0"]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    proc = start("sim", cmd, tmp_path_factory.mktemp("sim"))
     try:
-        urls = [
-            read_line_matching(proc, rf"^backend {i}: ", 30).split()[2].strip() for i in range(2)
-        ]
-        yield urls
+        yield [e.url for e in sim_engines(proc.wait_line_sync(SIM_LINE, 30, count=2))]
     finally:
         stop(proc)
 
 
 @pytest.fixture
-def router(sim_urls: list[str]) -> Iterator[tuple[subprocess.Popen[str], int]]:
+def router(sim_urls: list[str], tmp_path: Path) -> Iterator[tuple[ManagedProcess, int]]:
     """``kvroute serve --workers 2`` on a free port: (the supervisor process, the port)."""
     cmd = [*KVROUTE, "serve", "--workers", "2", "--port", "0", "--policy", "prefix",
            "--drain-timeout", "5", "--admin-key", ADMIN_KEY]  # fmt: skip
     for url in sim_urls:
         cmd += ["--backend", url]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    proc = start("router", cmd, tmp_path)
     try:
-        line = read_line_matching(proc, r"listening on", 60)
+        (line,) = proc.wait_line_sync(r"listening on", 60)
         port = int(re.search(r":(\d+) ", line).group(1))  # type: ignore[union-attr]
         yield proc, port
     finally:
@@ -235,13 +203,13 @@ def assert_workers_share_a_prefix(port: int, timeout_s: float = 20.0) -> None:
     assert all(o == (backend, "prefix") for o in others), (backend, others)
 
 
-def test_two_workers_serve_restart_and_drain(router: tuple[subprocess.Popen[str], int]) -> None:
+def test_two_workers_serve_restart_and_drain(router: tuple[ManagedProcess, int]) -> None:
     """Both workers answer; a killed one comes back with a new pid; SIGTERM ends all, 0."""
     proc, port = router
     before = workers_seen(port, 24)
     assert set(before) == {0, 1}, f"both workers answer: {before}"
     assert len(set(before.values())) == 2
-    assert set(before.values()) <= children_of(proc.pid)
+    assert proc.pid is not None and set(before.values()) <= children_of(proc.pid)
     assert_workers_share_a_prefix(port)
     os.kill(before[0], signal.SIGKILL)
     deadline = time.monotonic() + 30

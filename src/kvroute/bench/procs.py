@@ -284,6 +284,19 @@ class ManagedProcess:
         regex = re.compile(pattern)
         return [line for line in self.log_text().splitlines() if regex.search(line)]
 
+    def send_signal(self, sig: signal.Signals) -> None:
+        """Signal the child alone (not its group), as an init system would."""
+        if self._popen is not None and self._popen.poll() is None:
+            self._popen.send_signal(sig)
+
+    def wait_sync(self, timeout_s: float) -> int:
+        """The child's exit code once it exits; TimeoutError after ``timeout_s``."""
+        assert self._popen is not None, "wait after launch"
+        try:
+            return self._popen.wait(timeout_s)
+        except subprocess.TimeoutExpired as exc:
+            raise TimeoutError(f"{self.name} still running after {timeout_s} s") from exc
+
     def kill(self) -> None:
         """SIGKILL the process group at once, as a crash."""
         if self._popen is not None:
