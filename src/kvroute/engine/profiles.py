@@ -1,6 +1,6 @@
 """Engine profiles: the hardware/model constants of the step-time and cache model.
 
-A profile is data: the built-in table (docs: engine-model.md) or a user's YAML file with
+A profile is data: the built-in table (docs/engine-model.md) or a user's YAML file with
 the same field names, e.g. constants fitted from their own vLLM (read by
 ``sim/profiles.py``: this package does no I/O). Every field is range checked when the
 profile is built, so a bad YAML file fails at load, naming the field.
