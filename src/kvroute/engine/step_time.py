@@ -1,4 +1,4 @@
-"""How long one engine step takes (engine-model.md, "Step time").
+"""How long one engine step takes (docs/engine-model.md, "Step time").
 
     step = t_fwd0 + b * P + c * pairs + k_ctx * ctx + per_seq * B   (per_seq = 4.4e-3 ms)
 
