@@ -12,7 +12,7 @@ Clock: the engine's ``now`` is real time since the loop started times ``speedup`
 takes 70 ms of wall time and every modelled duration shrinks by the same factor.
 
 The per-request API overhead ``a_api_ms`` of the profile is a sleep before the request
-enters the engine, so it adds to TTFT and not to the engine's steps (engine-model.md).
+enters the engine, so it adds to TTFT and not to the engine's steps (docs/engine-model.md).
 """
 
 from __future__ import annotations
