@@ -12,7 +12,7 @@
 The quadratic attention term is expressed in linear-token equivalents so that one learned
 rate (tokens/s per backend) calibrates both: with the default 2.5e-5, one new token that
 attends to 40k context tokens costs one extra token, which is where the attention and
-linear terms of an 8B model on an A100 cross (anchors/workloads-and-cost-model.md §3.5).
+linear terms of an 8B model on an A100 cross (docs/engine-model.md, constants).
 
 KV pressure is about the blocks this request must *add*: the engine admits it only when
 its uncached tokens (and its decode) fit in the blocks not pinned by running requests
