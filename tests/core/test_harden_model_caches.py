@@ -11,9 +11,9 @@ from tests.core.routing_helpers import chain, make_fleet, req
 
 def _cache_sizes(fleet: Fleet) -> list[int]:
     return [
-        len(fleet._model_to_eligible),
-        len(fleet._model_to_block_size),
-        len(fleet._model_to_key_kind),
+        len(fleet._served.model_to_eligible),
+        len(fleet._served.model_to_block_size),
+        len(fleet._served.model_to_key_kind),
     ]
 
 

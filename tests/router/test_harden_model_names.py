@@ -30,7 +30,8 @@ async def test_unknown_model_names_leave_the_fleet_caches_bounded(harness: Harne
     for i in range(300):
         resp = await client.post("/v1/completions", json={"model": f"name-{i}", "prompt": "x"})
         assert resp.status == 503  # only the dead backend could serve such a name
-    caches = (fleet._model_to_eligible, fleet._model_to_block_size, fleet._model_to_key_kind)
+    served = fleet._served
+    caches = (served.model_to_eligible, served.model_to_block_size, served.model_to_key_kind)
     assert all(len(c) <= 3 for c in caches), [len(c) for c in caches]
     await assert_still_serves(client)
 

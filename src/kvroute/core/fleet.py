@@ -31,11 +31,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from random import Random
-from typing import Protocol
+from typing import ParamSpec, Protocol, TypeVar
 
 from kvroute.common.kv_events import BlockStored, KvEvent
 from kvroute.core.backend import Backend, BackendState, parse_block_size
@@ -45,19 +44,19 @@ from kvroute.core.index import LruCacheModel, PrefixIndex
 from kvroute.core.keys import CHARS_PER_TOKEN
 from kvroute.core.kv_sync import MODES, ExactSync, KvOutcome
 from kvroute.core.load import MAX_COUNT, Ticket, clamp_count
-from kvroute.core.load_order import Group, GroupKey, LoadOrder
+from kvroute.core.load_order import LoadOrder
 from kvroute.core.policy.base import (
     Decision,
     Policy,
     RouteRequest,
     cached_tokens_for,
 )
+from kvroute.core.served_models import ServedModels
 from kvroute.core.sessions import DEFAULT_MAX_ENTRIES, DEFAULT_TTL_S, SessionTable, session_key
 from kvroute.core.view import RequestView
 
-# Per-model cache key of every name no backend lists: only the wildcard backends can serve
-# such a name, so one entry answers for all of them (client-chosen names add none).
-_UNLISTED = GroupKey("unlisted")
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 def _bounded(req: RouteRequest) -> RouteRequest:
@@ -140,12 +139,11 @@ class Fleet:
         self._order = LoadOrder()
         self._next_epoch = 0
         self._next_ticket = 0
-        # caches keyed by _cache_key: listed models, None and _UNLISTED only
-        self._model_to_eligible: dict[Group | None, tuple[str, ...]] = {}
-        self._model_to_block_size: dict[Group | None, int] = {}
-        self._model_to_key_kind: dict[Group | None, str] = {}
-        self._model_refs: dict[str, int] = {}  # model -> backends listing it
         self.sync = ExactSync(self.index, self.config.mode, self.config.speculative_ttl_s)
+        # per model: listing backends, and the eligible list, block size and key kind
+        self._served = ServedModels(
+            self._backends, self.sync, self.config.mode, self.config.default_block_size
+        )
         # Prefill rate per unit of weight over the whole fleet: each backend's rate is this
         # x its weight x an offset its own samples learn slowly (cost.PrefillRate), so a new
         # backend is not judged on a few first tokens, nor on a pessimistic prior.
@@ -169,7 +167,7 @@ class Fleet:
         b = Backend(url, self._next_epoch, models, float(weight), self.fleet_rate)
         b.healthy = healthy
         self._backends[url] = b
-        self._count_models(b.models, 1)
+        self._served.count(b.models, 1)
         self.index.add_backend(url, LruCacheModel(self._key_capacity(b)))
         self.sync.add_backend(url)
         self._membership_changed(b)
@@ -179,34 +177,21 @@ class Fleet:
         b = self._backends.pop(url, None)
         if b is None:
             return
-        self._count_models(b.models, -1)
+        self._served.count(b.models, -1)
         self.index.remove_backend(url)
         self.sync.remove_backend(url)
         self._order.discard(url)
-        self._invalidate()
+        self._served.invalidate()
         self.sessions.forget_backend(url)
         self.policy.on_backend_removed(url)
 
     def set_models(self, url: str, models: Iterable[str]) -> None:
         b = self._get(url)
-        self._count_models(b.models, -1)
+        self._served.count(b.models, -1)
         b.models = frozenset(models)
-        self._count_models(b.models, 1)
+        self._served.count(b.models, 1)
         self._apply_capacity(b)
         self._membership_changed(b)
-
-    def _count_models(self, models: Iterable[str], delta: int) -> None:
-        refs = self._model_refs
-        for m in models:
-            n = refs.get(m, 0) + delta
-            if n:
-                refs[m] = n
-            else:
-                del refs[m]
-
-    def _cache_key(self, model: str | None) -> Group | None:
-        """``model`` when some backend lists it (or None), else the one shared key."""
-        return model if model is None or model in self._model_refs else _UNLISTED
 
     def set_healthy(self, url: str, healthy: bool) -> None:
         """An unhealthy backend also loses its scraped engine gauges: a dead engine's last
@@ -250,12 +235,7 @@ class Fleet:
             self._put_in_order(b)
         else:
             self._order.discard(b.url)
-        self._invalidate()
-
-    def _invalidate(self) -> None:
-        self._model_to_eligible.clear()
-        self._model_to_block_size.clear()
-        self._model_to_key_kind.clear()
+        self._served.invalidate()
 
     def _reorder(self, b: Backend) -> None:
         if b.is_orderable:
@@ -287,7 +267,7 @@ class Fleet:
             num_running, num_waiting, kv_cache_usage, block_size, num_gpu_blocks
         )
         if size_changed:
-            self._invalidate()
+            self._served.invalidate()
         if has_capacity:
             self._apply_capacity(b)
         b.engine.observe(prefix_cache_hits, prefix_cache_queries)
@@ -295,26 +275,7 @@ class Fleet:
 
     def block_size_for(self, model: str | None) -> int:
         """Block size the keys of ``model`` are cut to: the most common among eligible backends."""
-        key = self._cache_key(model)
-        cached = self._model_to_block_size.get(key)
-        if cached is not None:
-            return cached
-        default = self.config.default_block_size
-        sizes = Counter(self._backends[u].block_size or default for u in self._eligible(model))
-        # Most common; among equals the smaller (deterministic).
-        size = min(sizes.items(), key=lambda kv: (-kv[1], kv[0]))[0] if sizes else default
-        self._model_to_block_size[key] = size
-        return size
-
-    def _eligible(self, model: str | None) -> tuple[str, ...]:
-        key = self._cache_key(model)
-        cached = self._model_to_eligible.get(key)
-        if cached is None:
-            cached = tuple(
-                sorted(u for u, b in self._backends.items() if b.is_orderable and b.serves(model))
-            )
-            self._model_to_eligible[key] = cached
-        return cached
+        return self._served.block_size(model)
 
     def is_eligible(self, url: str, model: str | None) -> bool:
         """Whether ``url`` may take a request for ``model`` now (a member, healthy, not
@@ -334,7 +295,7 @@ class Fleet:
             order=self._order,
             index=self.index,
             sessions=self.sessions,
-            eligible=self._eligible(req.model),
+            eligible=self._served.eligible(req.model),
             model=req.model,
             exclude=frozenset(exclude),
             block_size=key_block_tokens(self.block_size_for(req.model), r),
@@ -501,14 +462,14 @@ class Fleet:
         """An engine counted ``prompt_tokens`` (its usage) for a prompt the router keyed
         from ``text_bytes`` UTF-8 bytes of text: the bytes-per-token estimate learns.
         A name no backend lists teaches only the pooled estimate (clients pick names)."""
-        key = model if model is not None and model in self._model_refs else None
+        key = self._served.listed(model)
         if self.calibration.observe(key, text_bytes, prompt_tokens):
             for b in self._backends.values():  # rare: the estimate moved past its band
                 self._apply_capacity(b)
 
     def prompt_tokens_estimate(self, model: str | None, text_bytes: int) -> int:
         """Tokens of a text prompt of ``text_bytes`` UTF-8 bytes, for ``model``'s engines."""
-        key = model if model is not None and model in self._model_refs else None
+        key = self._served.listed(model)
         return self.calibration.estimate_tokens(key, text_bytes)
 
     def key_block_tokens(self, model: str | None, block_size: int) -> int:
@@ -522,7 +483,7 @@ class Fleet:
         """Bytes per token behind ``model``'s key blocks: 4 (none) for token keys."""
         if self.key_kind_for(model) != "text":
             return CHARS_PER_TOKEN
-        key = model if model is not None and model in self._model_refs else None
+        key = self._served.listed(model)
         return self.calibration.bytes_per_token(key)
 
     def _engine_capacity(self, b: Backend) -> int:
@@ -547,14 +508,7 @@ class Fleet:
     def key_kind_for(self, model: str | None) -> str:
         """ "tokens" when ``model``'s requests need token keys (token_block_hashes over the
         engine's token ids), else "text" (prompt_block_hashes); the proxy asks per request."""
-        key = self._cache_key(model)
-        kind = self._model_to_key_kind.get(key)
-        if kind is None:
-            mode = self.config.mode
-            synced = any(self.sync.is_exact(u) for u in self._eligible(model))
-            kind = "tokens" if mode == "exact" or (mode == "auto" and synced) else "text"
-            self._model_to_key_kind[key] = kind
-        return kind
+        return self._served.key_kind(model)
 
     def is_exact(self, url: str) -> bool:
         """True while ``url``'s view comes from its KV events."""
@@ -582,12 +536,19 @@ class Fleet:
             size = parse_block_size(sizes[0]) if sizes else None
             if size is not None:
                 b.block_size = size
-                self._invalidate()
+                self._served.invalidate()
+        return self._exact_change(url, self.sync.apply_batch, url, seq, ts, events, lag_s)
+
+    def _exact_change(
+        self, url: str, change: Callable[P, T], *args: P.args, **kwargs: P.kwargs
+    ) -> T:
+        """``change(*args, **kwargs)``: a call into the sync that may turn ``url`` exact or
+        approximate, and with it the key kind of its models: the per-model caches then go."""
         was_exact = self.sync.is_exact(url)
-        outcome = self.sync.apply_batch(url, seq, ts, events, lag_s)
+        out = change(*args, **kwargs)
         if self.sync.is_exact(url) != was_exact:
-            self._invalidate()
-        return outcome
+            self._served.invalidate()
+        return out
 
     def kv_catch_up_begin(self, url: str) -> None:
         """A replay of ``url``'s history from seq 0 starts: the view it rebuilds is kept
@@ -596,10 +557,7 @@ class Fleet:
 
     def kv_catch_up_end(self, url: str, complete: bool) -> None:
         """That replay ended; ``complete``: it reached the engine's present."""
-        was_exact = self.sync.is_exact(url)
-        self.sync.end_catch_up(url, complete)
-        if self.sync.is_exact(url) != was_exact:
-            self._invalidate()
+        self._exact_change(url, self.sync.end_catch_up, url, complete)
 
     def kv_next_seq(self, url: str) -> int | None:
         """The batch number ``url``'s stream needs next (None: unknown backend)."""
@@ -608,17 +566,11 @@ class Fleet:
 
     def kv_history_empty(self, url: str) -> None:
         """A replay from 0 returned nothing: the engine never published, its cache is empty."""
-        was_exact = self.sync.is_exact(url)
-        self.sync.history_empty(url)
-        if self.sync.is_exact(url) != was_exact:
-            self._invalidate()
+        self._exact_change(url, self.sync.history_empty, url)
 
     def kv_gap_unfilled(self, url: str, resume_seq: int) -> None:
         """Batches before ``resume_seq`` are lost for good: approximate until the next reset."""
-        was_exact = self.sync.is_exact(url)
-        self.sync.gap_unfilled(url, resume_seq)
-        if self.sync.is_exact(url) != was_exact:
-            self._invalidate()
+        self._exact_change(url, self.sync.gap_unfilled, url, resume_seq)
 
     # -- reporting ---------------------------------------------------------------------
 
@@ -650,8 +602,7 @@ class Fleet:
         assert set(self.index.url_to_model) == set(self._backends), "fleet: index membership"
         orderable = {u for u, b in self._backends.items() if b.is_orderable}
         assert set(self._order.url_to_entry) == orderable, "fleet: load order membership"
-        listed = Counter(m for b in self._backends.values() for m in b.models)
-        assert listed == self._model_refs, "fleet: listed-model counts"
+        self._served.check_invariants()
         for url, b in self._backends.items():
             b.check_invariants()
             if url in orderable:
