@@ -31,18 +31,18 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from random import Random
-from typing import ParamSpec, Protocol, TypeVar
+from typing import Protocol
 
-from kvroute.common.kv_events import BlockStored, KvEvent
-from kvroute.core.backend import Backend, BackendState, parse_block_size
+from kvroute.core.backend import Backend, BackendState
 from kvroute.core.calibration import TextCalibration, key_block_tokens, key_capacity_blocks
 from kvroute.core.cost import CostConfig, PrefillRate, work_tokens
+from kvroute.core.fleet_kv import KvEventsMixin
 from kvroute.core.index import LruCacheModel, PrefixIndex
 from kvroute.core.keys import CHARS_PER_TOKEN
-from kvroute.core.kv_sync import MODES, ExactSync, KvOutcome
+from kvroute.core.kv_sync import MODES, ExactSync
 from kvroute.core.load import MAX_COUNT, Ticket, clamp_count
 from kvroute.core.load_order import LoadOrder
 from kvroute.core.policy.base import (
@@ -54,9 +54,6 @@ from kvroute.core.policy.base import (
 from kvroute.core.served_models import ServedModels
 from kvroute.core.sessions import DEFAULT_MAX_ENTRIES, DEFAULT_TTL_S, SessionTable, session_key
 from kvroute.core.view import RequestView
-
-P = ParamSpec("P")
-T = TypeVar("T")
 
 
 def _bounded(req: RouteRequest) -> RouteRequest:
@@ -125,7 +122,7 @@ class FleetConfig:
             raise ValueError("fleet.session_max_entries: must be >= 1")
 
 
-class Fleet:
+class Fleet(KvEventsMixin):
     """Backends, index, load, cost and policy behind one synchronous API (module doc)."""
 
     def __init__(
@@ -510,71 +507,13 @@ class Fleet:
         engine's token ids), else "text" (prompt_block_hashes); the proxy asks per request."""
         return self._served.key_kind(model)
 
-    def is_exact(self, url: str) -> bool:
-        """True while ``url``'s view comes from its KV events."""
-        return self.sync.is_exact(url)
-
-    def apply_kv_batch(
-        self,
-        url: str,
-        seq: int,
-        ts: float,
-        events: Sequence[KvEvent],
-        now: float,
-        *,
-        lag_s: float | None = None,
-    ) -> KvOutcome:
-        """One decoded KV event batch of ``url`` (publisher sequence number ``seq``, engine
-        timestamp ``ts``). On GAP nothing is applied: replay from ``kv_next_seq(url)`` and
-        feed those batches here, then call ``kv_gap_unfilled`` if the gap remains."""
-        b = self._backends.get(url)
-        if b is None:
-            return KvOutcome.UNKNOWN
-        self.sync.expire(now)
-        if b.block_size is None:
-            sizes = [e.block_size for e in events if isinstance(e, BlockStored)]
-            size = parse_block_size(sizes[0]) if sizes else None
-            if size is not None:
-                b.block_size = size
-                self._served.invalidate()
-        return self._exact_change(url, self.sync.apply_batch, url, seq, ts, events, lag_s)
-
-    def _exact_change(
-        self, url: str, change: Callable[P, T], *args: P.args, **kwargs: P.kwargs
-    ) -> T:
-        """``change(*args, **kwargs)``: a call into the sync that may turn ``url`` exact or
-        approximate, and with it the key kind of its models: the per-model caches then go."""
-        was_exact = self.sync.is_exact(url)
-        out = change(*args, **kwargs)
-        if self.sync.is_exact(url) != was_exact:
-            self._served.invalidate()
-        return out
-
-    def kv_catch_up_begin(self, url: str) -> None:
-        """A replay of ``url``'s history from seq 0 starts: the view it rebuilds is kept
-        out of routing until ``kv_catch_up_end`` (core/kv_sync.py says why)."""
-        self.sync.begin_catch_up(url)
-
-    def kv_catch_up_end(self, url: str, complete: bool) -> None:
-        """That replay ended; ``complete``: it reached the engine's present."""
-        self._exact_change(url, self.sync.end_catch_up, url, complete)
-
-    def kv_next_seq(self, url: str) -> int | None:
-        """The batch number ``url``'s stream needs next (None: unknown backend)."""
-        s = self.sync.url_to_stream.get(url)
-        return s.next_seq if s is not None else None
-
-    def kv_history_empty(self, url: str) -> None:
-        """A replay from 0 returned nothing: the engine never published, its cache is empty."""
-        self._exact_change(url, self.sync.history_empty, url)
-
-    def kv_gap_unfilled(self, url: str, resume_seq: int) -> None:
-        """Batches before ``resume_seq`` are lost for good: approximate until the next reset."""
-        self._exact_change(url, self.sync.gap_unfilled, url, resume_seq)
-
     # -- reporting ---------------------------------------------------------------------
 
-    def backend_states(self) -> list[BackendState]:
+    def backend_states(self, now: float | None = None) -> list[BackendState]:
+        """A snapshot of each backend, by URL. ``now``: first withdraw the speculative
+        credit whose TTL has passed (a page read while no request comes to do it)."""
+        if now is not None:
+            self.sync.expire(now)
         return [self._state(self._backends[u]) for u in sorted(self._backends)]
 
     def _state(self, b: Backend) -> BackendState:

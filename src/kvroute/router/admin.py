@@ -173,21 +173,19 @@ def kv_views(state: RouterState) -> list[dict[str, Any]]:
     """Held blocks per backend; in exact mode also the confirmed key count and a digest of
     the confirmed keys (sum mod 2**64), which a check can recompute from the events."""
     out = []
-    state.fleet.sync.expire(state.clock())  # due speculations gone, also with no traffic
-    fleet_states = {s.url: s for s in state.fleet.backend_states()}
+    # due speculations gone first, also with no traffic
+    fleet_states = {s.url: s for s in state.fleet.backend_states(state.clock())}
     for url in state.fleet.urls():
-        model = state.fleet.sync.model(url)
+        keys = state.fleet.confirmed_keys(url)  # None: approximate
         fs = fleet_states[url]
         sub = state.kv.status(url) if state.kv is not None else None
         row: dict[str, Any] = {
             "url": url,
-            "mode": "exact" if model is not None else "approximate",
-            "index_blocks": state.fleet.index.num_blocks(url),
-            "confirmed_blocks": model.num_confirmed if model is not None else None,
-            "speculative_blocks": model.num_speculative if model is not None else None,
-            "confirmed_digest": (
-                str(sum(model.confirmed_keys()) % 2**64) if model is not None else None
-            ),
+            "mode": fs.mode,
+            "index_blocks": fs.index_blocks,
+            "confirmed_blocks": len(keys) if keys is not None else None,
+            "speculative_blocks": fs.speculative_blocks if keys is not None else None,
+            "confirmed_digest": str(sum(keys) % 2**64) if keys is not None else None,
             "kv_last_seq": sub.last_seq if sub is not None else None,
             "kv_running": sub.running if sub is not None else None,
             # predicted vs engine-reported cached tokens, over the responses that reported

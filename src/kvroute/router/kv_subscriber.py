@@ -189,7 +189,7 @@ class KvEventSubscriber:
 
     def status(self, url: str) -> KvSubscriberStatus | None:
         feed = self._feeds.get(url)
-        stream = self.fleet.sync.url_to_stream.get(url)
+        stream = self.fleet.kv_stream(url)
         if feed is None:
             return None
         return KvSubscriberStatus(
@@ -384,7 +384,7 @@ class KvEventSubscriber:
         that, its next part); None when applying raised (counted, view dropped)."""
         try:
             if parts > 1:
-                self.fleet.sync.expect_parts(feed.url, seq, parts)
+                self.fleet.kv_expect_parts(feed.url, seq, parts)
             lag_s = max(0.0, self._wall() - ts)
             return self.fleet.apply_kv_batch(feed.url, seq, ts, events, self._clock(), lag_s=lag_s)
         except Exception as exc:  # a bug in the core must not stop the feed

@@ -15,8 +15,8 @@ from kvroute.router.state import STATE, RouterState
 
 def backend_rows(state: RouterState) -> list[dict[str, Any]]:
     """Facts per backend; keys match the BackendCollector gauge names plus a few texts."""
-    state.fleet.sync.expire(state.clock())  # due speculations gone, also with no traffic
-    fleet_states = {s.url: s for s in state.fleet.backend_states()}
+    # due speculations gone first, also with no traffic
+    fleet_states = {s.url: s for s in state.fleet.backend_states(state.clock())}
     rows = []
     for rt in state.backends:
         fs = fleet_states.get(rt.url)
