@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvroute.common.hashing import token_block_hashes
-from kvroute.core.fleet import Fleet, FleetConfig
+from kvroute.core.config import FleetConfig
+from kvroute.core.fleet import Fleet
 from kvroute.core.policy import RouteRequest, make_policy
 
 BS = 16  # block size of every test fleet

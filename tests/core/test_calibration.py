@@ -18,7 +18,8 @@ from kvroute.core.calibration import (
     WINDOW,
     TextCalibration,
 )
-from kvroute.core.fleet import Fleet, FleetConfig
+from kvroute.core.config import FleetConfig
+from kvroute.core.fleet import Fleet
 from kvroute.core.policy import make_policy
 from kvroute.core.policy.base import RouteRequest
 

@@ -9,7 +9,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from kvroute.core.fleet import Fleet, FleetConfig
+from kvroute.core.config import FleetConfig
+from kvroute.core.fleet import Fleet
 from kvroute.core.policy import make_policy, policy_names
 from kvroute.core.policy.base import Decision, FleetView, Policy, RouteRequest
 from kvroute.core.policy.least_load import LeastLoadPolicy

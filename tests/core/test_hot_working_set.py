@@ -17,8 +17,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvroute.core.config import FleetConfig
 from kvroute.core.cost import CostConfig, estimate_ttft_s
-from kvroute.core.fleet import Fleet, FleetConfig
+from kvroute.core.fleet import Fleet
 from kvroute.core.policy import Decision, RouteRequest, make_policy
 from kvroute.core.working_set import WorkingSet
 from tests.core.routing_helpers import BS, chain, make_fleet, req, url

@@ -6,7 +6,8 @@ from random import Random
 
 import pytest
 
-from kvroute.core.fleet import Fleet, FleetConfig
+from kvroute.core.config import FleetConfig
+from kvroute.core.fleet import Fleet
 from kvroute.core.policy import POLICIES, Decision, make_policy, policy_names
 from tests.core.routing_helpers import BS, chain, make_fleet, req, serve, url
 

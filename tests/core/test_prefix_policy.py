@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from kvroute.core.fleet import Fleet, FleetConfig
+from kvroute.core.config import FleetConfig
+from kvroute.core.fleet import Fleet
 from kvroute.core.policy import Decision, make_policy
 from tests.core.routing_helpers import BS, chain, make_fleet, req, serve, url
 

@@ -6,7 +6,8 @@ from collections.abc import Sequence
 
 from kvroute.common.hashing import token_block_hashes
 from kvroute.common.kv_events import BlockStored
-from kvroute.core.fleet import Fleet, FleetConfig
+from kvroute.core.config import FleetConfig
+from kvroute.core.fleet import Fleet
 from kvroute.core.policy import RouteRequest, make_policy
 
 BS = 4  # tokens per block in these stories

@@ -12,7 +12,7 @@ from kvroute.common.kv_events import (
     decode_batch,
     encode_batch,
 )
-from kvroute.core.fleet import FleetConfig
+from kvroute.core.config import FleetConfig
 from kvroute.core.kv_sync import KvOutcome
 from tests.exact.helpers import (
     BS,

@@ -12,7 +12,8 @@ import pytest
 
 from kvroute.common.hashing import token_block_hashes
 from kvroute.common.kv_events import AllBlocksCleared, BlockStored
-from kvroute.core.fleet import Fleet, FleetConfig
+from kvroute.core.config import FleetConfig
+from kvroute.core.fleet import Fleet
 from kvroute.core.policy import make_policy
 from kvroute.router.kv_subscriber import KvEventSubscriber
 from kvroute.sim.kv_publisher import KvEventPublisher

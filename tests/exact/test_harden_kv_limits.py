@@ -19,8 +19,9 @@ from kvroute.common.kv_events import (
     encode_batch,
     split_events,
 )
+from kvroute.core.config import FleetConfig
 from kvroute.core.event_model import EventCacheModel
-from kvroute.core.fleet import Fleet, FleetConfig
+from kvroute.core.fleet import Fleet
 from kvroute.core.index import LruCacheModel, PrefixIndex
 from kvroute.core.kv_sync import ExactSync, KvOutcome
 from kvroute.core.policy import make_policy

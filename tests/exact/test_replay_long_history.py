@@ -18,7 +18,8 @@ import zmq
 import zmq.asyncio
 
 from kvroute.common.kv_events import AllBlocksCleared
-from kvroute.core.fleet import Fleet, FleetConfig
+from kvroute.core.config import FleetConfig
+from kvroute.core.fleet import Fleet
 from kvroute.core.policy import make_policy
 from kvroute.router.kv_subscriber import KvEventSubscriber
 from kvroute.sim.kv_publisher import END_SEQ, KvEventPublisher

@@ -32,17 +32,17 @@ import contextlib
 import dataclasses
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from random import Random
 from typing import Protocol
 
 from kvroute.core.backend import Backend, BackendState
 from kvroute.core.calibration import TextCalibration, key_block_tokens, key_capacity_blocks
-from kvroute.core.cost import CostConfig, PrefillRate, work_tokens
+from kvroute.core.config import FleetConfig
+from kvroute.core.cost import PrefillRate, work_tokens
 from kvroute.core.fleet_kv import KvEventsMixin
 from kvroute.core.index import LruCacheModel, PrefixIndex
 from kvroute.core.keys import CHARS_PER_TOKEN
-from kvroute.core.kv_sync import MODES, ExactSync
+from kvroute.core.kv_sync import ExactSync
 from kvroute.core.load import MAX_COUNT, Ticket, clamp_count
 from kvroute.core.load_order import LoadOrder
 from kvroute.core.policy.base import (
@@ -52,7 +52,7 @@ from kvroute.core.policy.base import (
     cached_tokens_for,
 )
 from kvroute.core.served_models import ServedModels
-from kvroute.core.sessions import DEFAULT_MAX_ENTRIES, DEFAULT_TTL_S, SessionTable, session_key
+from kvroute.core.sessions import SessionTable, session_key
 from kvroute.core.view import RequestView
 
 
@@ -85,41 +85,6 @@ class FleetListener(Protocol):
 
     def on_finish(self, ticket: Ticket, now: float, ok: bool) -> None:
         """``ticket`` ended."""
-
-
-@dataclass(frozen=True, slots=True)
-class FleetConfig:
-    """Fleet-wide knobs."""
-
-    default_block_size: int = 16  # tokens per block until a backend's block size is scraped
-    default_capacity_blocks: int = 8192  # cache-model size until num_gpu_blocks is scraped
-    max_index_entries: int = 2_000_000  # hard cap on (block, backend) entries (~150-300 B each)
-    cost: CostConfig = field(default_factory=CostConfig)  # TTFT estimate and rate learning
-    # "approximate": text keys, LRU models fed by dispatches; "exact": token keys, each
-    # backend's view from its KV events while its stream is synced (LRU fallback
-    # otherwise); "auto": token keys for a model only while one of its backends is synced
-    mode: str = "approximate"
-    speculative_ttl_s: float = 3.0  # exact mode: unconfirmed dispatch credit lives this long
-    # session affinity (core/sessions.py): a session's last backend is forgotten this long
-    # after its last request, and at most this many sessions are kept (least recent out)
-    session_ttl_s: float = DEFAULT_TTL_S
-    session_max_entries: int = DEFAULT_MAX_ENTRIES
-
-    def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"fleet.mode: must be one of {', '.join(MODES)}, got {self.mode!r}")
-        if not self.speculative_ttl_s >= 0:
-            raise ValueError("fleet.speculative_ttl_s: must be >= 0")
-        if self.default_block_size < 1:
-            raise ValueError("fleet.default_block_size: must be >= 1")
-        if self.default_capacity_blocks < 1:
-            raise ValueError("fleet.default_capacity_blocks: must be >= 1")
-        if self.max_index_entries < 1:
-            raise ValueError("fleet.max_index_entries: must be >= 1")
-        if not self.session_ttl_s > 0:
-            raise ValueError("fleet.session_ttl_s: must be > 0")
-        if self.session_max_entries < 1:
-            raise ValueError("fleet.session_max_entries: must be >= 1")
 
 
 class Fleet(KvEventsMixin):

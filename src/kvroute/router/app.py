@@ -20,7 +20,8 @@ import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from kvroute.core.fleet import Fleet, FleetConfig
+from kvroute.core.config import FleetConfig
+from kvroute.core.fleet import Fleet
 from kvroute.core.token_keys import PromptTokenizer
 from kvroute.router import admin
 from kvroute.router.backends import Backends
