@@ -10,16 +10,17 @@ counters as named fields, and ``BackendState``, the frozen snapshot the status p
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import xxhash
 
-from kvroute.core.cost import PrefillRate
+from kvroute.core.cost import PrefillRate, work_tokens
 from kvroute.core.event_model import EventCacheModel
 from kvroute.core.keys import CHARS_PER_TOKEN
 from kvroute.core.kv_sync import KvStream
 from kvroute.core.load import BackendLoad, Ticket, clamp_count
+from kvroute.core.policy.base import RouteRequest
 from kvroute.core.working_set import WorkingSet
 
 MAX_BLOCK_SIZE = 1 << 16  # larger scraped or announced block sizes are not believed
@@ -222,6 +223,22 @@ class Backend:
 
     # -- requests ----------------------------------------------------------------------
 
+    def ticket(self, ticket_id: int, req: RouteRequest, cached_tokens: int, now: float) -> Ticket:
+        """A ticket for ``req`` dispatched here at ``now``, ``cached_tokens`` of it predicted
+        to hit (nothing is counted until ``acquire``)."""
+        return Ticket(
+            ticket_id=ticket_id,
+            url=self.url,
+            request_id=req.request_id,
+            epoch=self.epoch,
+            dispatched_at_s=now,
+            num_prompt_tokens=req.num_prompt_tokens,
+            uncached_tokens=max(0, req.num_prompt_tokens - cached_tokens),
+            decode_tokens=req.max_tokens,
+            predicted_cached_tokens=cached_tokens,
+            queued_ahead_tokens=self.load.queued_prefill_tokens,
+        )
+
     def acquire(self, ticket: Ticket, means: tuple[float, float]) -> None:
         """Count a dispatched request (``means``: the load's after it, load.means_after)."""
         self.load.acquire(ticket, means)
@@ -237,6 +254,30 @@ class Backend:
         self.predicted.hit_tokens -= ticket.predicted_cached_tokens
         self.predicted.query_tokens -= ticket.num_prompt_tokens
         self.num_dispatched -= 1
+
+    def first_token(
+        self, ticket: Ticket, now: float, cached_tokens: int | None, fleet_rate: PrefillRate
+    ) -> None:
+        """``ticket``'s prefill is done: its queued prefill is released, the engine's
+        report of its hit (if any) recorded, and this backend's rate and the fleet's (per
+        unit of weight) learn from the work its first token waited for (cost.py)."""
+        self.load.release_prefill(ticket)
+        cached = ticket.predicted_cached_tokens
+        if cached_tokens is not None:
+            self.record_reported(ticket, cached_tokens)
+            cached = ticket.reported_cached_tokens or 0
+        uncached = max(0, ticket.num_prompt_tokens - cached)
+        work = ticket.queued_ahead_tokens + work_tokens(uncached, cached, fleet_rate.config)
+        self.rate.observe(work, now - ticket.dispatched_at_s)
+        fleet_rate.observe(work / self.weight, now - ticket.dispatched_at_s)
+
+    def learn_reuse(self, keys: Sequence[int], num_held: int, window: int, share: int) -> None:
+        """The working set learns a dispatch of ``keys``, ``num_held`` of them cached here:
+        its window is ``window`` (the cache model's capacity: one turnover); its size at
+        most 4 x that (room for the ghosts of a working set larger than the cache) and at
+        most ``share`` (the index's cap over the backends, so all together stay under it)."""
+        num_added = max(0, min(len(keys), window) - num_held)
+        self.working_set.touch(keys, num_added, window, max(1, min(4 * window, share)))
 
     def release(self, ticket: Ticket, ok: bool) -> None:
         """The request ended (its ticket is open here)."""

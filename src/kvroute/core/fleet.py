@@ -1,26 +1,24 @@
 """The Fleet: the one object the live proxy, the discrete-event simulator and the tests drive.
 
-It owns the backends (membership, health, models), the prefix index, the load counters,
-the learned prefill rates and the policy. In exact mode it also follows each engine's KV
-event stream (``apply_kv_batch``; core/kv_sync.py) and credits a dispatch speculatively
-until the engine's events confirm it. The caller's loop per request is:
-``route`` (a Decision, or None when no backend is eligible) -> ``dispatch`` (a Ticket:
-load counted, blocks recorded in the index) -> ``on_first_token`` (prefill done; the
-rate learns) -> ``finish`` (load released, exactly once). Scraped engine metrics come in
-through ``update_engine_stats``. Time is always an argument; nothing here does I/O.
+It keeps the backends (membership, health, models) and the request path. The caller's
+loop per request is: ``route`` (a Decision, or None when no backend is eligible) ->
+``dispatch`` (a Ticket: load counted, blocks recorded in the index) -> ``on_first_token``
+(prefill done; the rate learns) -> ``finish`` (load released, exactly once). Time is
+always an argument; nothing here does I/O.
+
+The parts it drives live beside it: each backend's record and counters (core/backend.py),
+the load order (core/load_order.py), the per-model caches (core/served_models.py), the
+view a policy decides through and its cost arithmetic (core/view.py, core/cost.py), the
+prefix index (core/index.py), sessions (core/sessions.py), the listener contract
+(core/listener.py). Two mixins add the engines' side to its API: their KV event streams
+in exact mode (core/fleet_kv.py), and their scraped metrics, the text calibration of
+approximate mode and the per-backend snapshots (core/fleet_engines.py).
 
 Each dispatch also teaches its backend's working set (core/working_set.py): the blocks
 its requests reuse. The cost model charges a placement for the part of that set its new
 blocks would push out of the cache (core/cost.py), in both modes: the cache model says
 how full the cache is, the router's own record of what its requests reused says what
 the eviction destroys.
-
-Approximate mode keys text in blocks of ``block_size * 4`` bytes. The engines' own bytes
-per token, learned from their usage (``observe_prompt_tokens``; core/calibration.py),
-scale what such a key block stands for: a prompt's tokens (``prompt_tokens_estimate``),
-a key block's tokens in the cost model and predicted hits, and each engine's capacity in
-key blocks (its engine blocks x bytes per token / 4). Keys are never recut, so the index
-stays valid when the estimate moves.
 
 Numbers from clients and engines are bounded where they enter (``clamp_count``), and
 ``dispatch`` is all or nothing: a ticket the caller never gets is load never released.
@@ -31,26 +29,21 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from random import Random
-from typing import Protocol
 
 from kvroute.core.backend import Backend
 from kvroute.core.calibration import TextCalibration, key_block_tokens
 from kvroute.core.config import FleetConfig
-from kvroute.core.cost import PrefillRate, work_tokens
+from kvroute.core.cost import PrefillRate
 from kvroute.core.fleet_engines import EngineReportsMixin
 from kvroute.core.fleet_kv import KvEventsMixin
 from kvroute.core.index import LruCacheModel, PrefixIndex
 from kvroute.core.kv_sync import ExactSync
+from kvroute.core.listener import FleetListener
 from kvroute.core.load import MAX_COUNT, Ticket, clamp_count
 from kvroute.core.load_order import LoadOrder
-from kvroute.core.policy.base import (
-    Decision,
-    Policy,
-    RouteRequest,
-    cached_tokens_for,
-)
+from kvroute.core.policy.base import Decision, Policy, RouteRequest, cached_tokens_for
 from kvroute.core.served_models import ServedModels
 from kvroute.core.sessions import SessionTable, session_key
 from kvroute.core.view import RequestView
@@ -63,28 +56,6 @@ def _bounded(req: RouteRequest) -> RouteRequest:
     if 0 <= n <= MAX_COUNT and 0 <= m <= MAX_COUNT:
         return req
     return dataclasses.replace(req, num_prompt_tokens=clamp_count(n), max_tokens=clamp_count(m))
-
-
-class FleetListener(Protocol):
-    """Told of each request-path call that changed the Fleet, once per ticket and kind.
-
-    Lets another process mirror this Fleet (router/worker_sync.py) without the Fleet
-    knowing how. Called synchronously, after the change; must not raise.
-    """
-
-    def on_dispatch(
-        self, ticket: Ticket, decision: Decision, req: RouteRequest, now: float
-    ) -> None:
-        """``dispatch`` created ``ticket``."""
-
-    def on_first_token(self, ticket: Ticket, now: float, cached_tokens: int | None) -> None:
-        """``ticket``'s first token (with the engine-reported cached tokens, when known)."""
-
-    def on_cached_tokens(self, ticket: Ticket, cached_tokens: int) -> None:
-        """The engine reported ``ticket``'s cached tokens after its first token."""
-
-    def on_finish(self, ticket: Ticket, now: float, ok: bool) -> None:
-        """``ticket`` ended."""
 
 
 class Fleet(KvEventsMixin, EngineReportsMixin):
@@ -210,6 +181,11 @@ class Fleet(KvEventsMixin, EngineReportsMixin):
         """Block size the keys of ``model`` are cut to: the most common among eligible backends."""
         return self._served.block_size(model)
 
+    def key_kind_for(self, model: str | None) -> str:
+        """ "tokens" when ``model``'s requests need token keys (token_block_hashes over the
+        engine's token ids), else "text" (prompt_block_hashes); the proxy asks per request."""
+        return self._served.key_kind(model)
+
     def is_eligible(self, url: str, model: str | None) -> bool:
         """Whether ``url`` may take a request for ``model`` now (a member, healthy, not
         draining, serving it): a retry checks each backend of a ranking made earlier."""
@@ -233,8 +209,7 @@ class Fleet(KvEventsMixin, EngineReportsMixin):
             exclude=frozenset(exclude),
             block_size=key_block_tokens(self.block_size_for(req.model), r),
             bytes_per_token=r,
-            default_block_size=self.config.default_block_size,
-            cost=self.config.cost,
+            config=self.config,
             rng=self.rng,
             now=now,
         )
@@ -254,18 +229,7 @@ class Fleet(KvEventsMixin, EngineReportsMixin):
         self.sync.expire(now)
         num_held = self.index.matched_blocks(b.url, req.block_hashes)
         cached = self._cached_tokens(b, req, num_held)
-        ticket = Ticket(
-            ticket_id=self._next_ticket + 1,
-            url=b.url,
-            request_id=req.request_id,
-            epoch=b.epoch,
-            dispatched_at_s=now,
-            num_prompt_tokens=req.num_prompt_tokens,
-            uncached_tokens=max(0, req.num_prompt_tokens - cached),
-            decode_tokens=req.max_tokens,
-            predicted_cached_tokens=cached,
-            queued_ahead_tokens=b.load.queued_prefill_tokens,
-        )
+        ticket = b.ticket(self._next_ticket + 1, req, cached, now)
         means_before = (b.load.mean_uncached_tokens, b.load.mean_decode_tokens)
         means = b.load.means_after(ticket)
         # commit: from here on only counters move
@@ -280,7 +244,9 @@ class Fleet(KvEventsMixin, EngineReportsMixin):
             for listener in self.listeners:
                 listener.on_dispatch(ticket, decision, req, now)
                 told += 1
-            self._touch_working_set(b, req.block_hashes, num_held)
+            window = self.index.url_to_model[b.url].capacity_blocks  # one cache turnover
+            share = self.config.max_index_entries // max(1, len(self._backends))
+            b.learn_reuse(req.block_hashes, num_held, window, share)
             if req.session is not None:  # last: a hook that raised leaves the session as it was
                 self.sessions.put(session_key(req.model, req.session), b.url, now)
         except BaseException:
@@ -321,16 +287,6 @@ class Fleet(KvEventsMixin, EngineReportsMixin):
         bs = self.key_block_tokens(req.model, b.block_size or self.config.default_block_size)
         return cached_tokens_for(num_held, req.num_prompt_tokens, bs)
 
-    def _touch_working_set(self, b: Backend, keys: Sequence[int], num_held: int) -> None:
-        """``b``'s working set learns a dispatch: its window is the cache model's capacity
-        (one turnover); its size at most 4 x that (room for the ghosts of a working set
-        larger than the cache) and at most an equal share of the index's cap (so all of
-        them together stay under it)."""
-        window = self.index.url_to_model[b.url].capacity_blocks
-        share = self.config.max_index_entries // max(1, len(self._backends))
-        num_added = max(0, min(len(keys), window) - num_held)
-        b.working_set.touch(keys, num_added, window, max(1, min(4 * window, share)))
-
     def on_first_token(self, ticket: Ticket, now: float, cached_tokens: int | None = None) -> None:
         """Prefill done: release queued prefill tokens, learn the prefill rate (once)."""
         if ticket.is_finished or ticket.first_token_at_s is not None:
@@ -340,15 +296,7 @@ class Fleet(KvEventsMixin, EngineReportsMixin):
         ticket.first_token_at_s = now
         b = self._live(ticket)
         if b is not None:
-            b.load.release_prefill(ticket)
-            cached = ticket.predicted_cached_tokens
-            if cached_tokens is not None:
-                b.record_reported(ticket, cached_tokens)
-                cached = ticket.reported_cached_tokens or 0
-            uncached = max(0, ticket.num_prompt_tokens - cached)
-            work = ticket.queued_ahead_tokens + work_tokens(uncached, cached, self.config.cost)
-            b.rate.observe(work, now - ticket.dispatched_at_s)
-            self.fleet_rate.observe(work / b.weight, now - ticket.dispatched_at_s)
+            b.first_token(ticket, now, cached_tokens, self.fleet_rate)
             self._reorder(b)
         for listener in self.listeners:  # last: one that raises cannot skew the load
             listener.on_first_token(ticket, now, cached_tokens)
@@ -388,13 +336,6 @@ class Fleet(KvEventsMixin, EngineReportsMixin):
     def _live(self, ticket: Ticket) -> Backend | None:
         b = self._backends.get(ticket.url)
         return b if b is not None and b.epoch == ticket.epoch else None
-
-    # -- exact mode: KV events ---------------------------------------------------------
-
-    def key_kind_for(self, model: str | None) -> str:
-        """ "tokens" when ``model``'s requests need token keys (token_block_hashes over the
-        engine's token ids), else "text" (prompt_block_hashes); the proxy asks per request."""
-        return self._served.key_kind(model)
 
     def check_invariants(self) -> None:
         """Index, load and order consistent with each other (tests call it after each step)."""

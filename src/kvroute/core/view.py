@@ -15,6 +15,7 @@ from random import Random
 
 from kvroute.core.backend import Backend
 from kvroute.core.calibration import key_block_tokens
+from kvroute.core.config import FleetConfig
 from kvroute.core.cost import (
     CostConfig,
     estimate_ttft_s,
@@ -63,8 +64,7 @@ class RequestView:
         exclude: frozenset[str],
         block_size: int,
         bytes_per_token: float,
-        default_block_size: int,
-        cost: CostConfig,
+        config: FleetConfig,
         rng: Random,
         now: float,
     ) -> None:
@@ -77,8 +77,8 @@ class RequestView:
         self._exclude = exclude
         self.block_size = block_size
         self._bytes_per_token = bytes_per_token
-        self._default_block_size = default_block_size
-        self.cost = cost  # the cost model's knobs
+        self._default_block_size = config.default_block_size
+        self.cost: CostConfig = config.cost  # the cost model's knobs
         self.rng = rng  # the fleet's seeded generator
         self._now = now  # the routing call's time (session TTL)
 
