@@ -20,6 +20,7 @@ def _floor(spec: str) -> tuple[int, ...]:
 def test_python_floor_is_the_one_the_code_needs() -> None:
     assert _floor(PYPROJECT["project"]["requires-python"]) >= (3, 11)
     assert PYPROJECT["tool"]["ruff"]["target-version"] == "py311"
+    assert PYPROJECT["tool"]["mypy"]["python_version"] == "3.11"
 
 
 def test_aiohttp_floor_excludes_releases_with_parser_advisories() -> None:

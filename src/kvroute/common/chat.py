@@ -10,7 +10,6 @@ conversation history) is a shared text prefix.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from typing import Any
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
@@ -44,10 +43,11 @@ def content_text(content: Any, where: str) -> str:
     raise ChatFormatError(f"{where}.content must be a string, a list of parts or null")
 
 
-def render_chat(messages: Sequence[Any], tools: Sequence[Any] | None = None) -> str:
+def render_chat(messages: object, tools: object = None) -> str:
     """Render ``messages`` (and ``tools``) to prompt text ending with the assistant cue.
 
-    Raises ChatFormatError on a malformed list, naming the offending field.
+    Both are a request body's decoded JSON, whatever the client sent: they are checked
+    here, and ChatFormatError names the offending field.
     """
     if not isinstance(messages, list) or not messages:
         raise ChatFormatError("'messages' must be a non-empty list")

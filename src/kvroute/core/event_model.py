@@ -76,7 +76,7 @@ class EventCacheModel(CacheModel):
     # -- CacheModel ----------------------------------------------------------------------
 
     @property
-    def capacity_blocks(self) -> int:  # type: ignore[override]
+    def capacity_blocks(self) -> int:
         return max(self.nominal_capacity, len(self.visible))
 
     def holds(self, block_hash: int) -> bool:

@@ -34,7 +34,10 @@ class CacheModel(abc.ABC):
     blocks that became held and those that stopped being held, so the index can mirror it.
     """
 
-    capacity_blocks: int
+    @property
+    @abc.abstractmethod
+    def capacity_blocks(self) -> int:
+        """The blocks the model holds at most (``set_capacity`` changes it)."""
 
     @abc.abstractmethod
     def holds(self, block_hash: int) -> bool: ...
@@ -88,8 +91,12 @@ class LruCacheModel(CacheModel):
     def __init__(self, capacity_blocks: int) -> None:
         if capacity_blocks < 1:
             raise ValueError(f"capacity_blocks must be >= 1, got {capacity_blocks}")
-        self.capacity_blocks = capacity_blocks
+        self._capacity = capacity_blocks
         self._lru: OrderedDict[int, int] = OrderedDict()  # block hash -> touch seq
+
+    @property
+    def capacity_blocks(self) -> int:
+        return self._capacity
 
     def holds(self, block_hash: int) -> bool:
         return block_hash in self._lru
@@ -104,13 +111,13 @@ class LruCacheModel(CacheModel):
         self, block_hashes: Sequence[int], num_held: int, seq: int
     ) -> tuple[Sequence[int], list[int]]:
         lru = self._lru
-        n = min(len(block_hashes), self.capacity_blocks)  # a too-long prompt keeps its head
+        n = min(len(block_hashes), self._capacity)  # a too-long prompt keeps its head
         held = block_hashes[: min(num_held, n)]
         new = block_hashes[len(held) : n]
         for h in reversed(new):  # appended tail first
             lru[h] = seq
         deque(map(lru.move_to_end, reversed(held)), maxlen=0)  # to the back, tail first
-        return new, self._evict_to(self.capacity_blocks)
+        return new, self._evict_to(self._capacity)
 
     def seed(self, blocks: Iterable[int], seq: int = 0) -> None:
         """Fill an empty model with ``blocks`` in eviction order (children before parents),
@@ -118,12 +125,12 @@ class LruCacheModel(CacheModel):
         if self._lru:
             raise ValueError("seed takes an empty model")
         self._lru.update(zip(blocks, repeat(seq)))
-        self._evict_to(self.capacity_blocks)
+        self._evict_to(self._capacity)
 
     def set_capacity(self, capacity_blocks: int) -> list[int]:
         if capacity_blocks < 1:
             raise ValueError(f"capacity_blocks must be >= 1, got {capacity_blocks}")
-        self.capacity_blocks = capacity_blocks
+        self._capacity = capacity_blocks
         return self._evict_to(capacity_blocks)
 
     def oldest_seq(self) -> int | None:

@@ -63,12 +63,18 @@ def _check_int(field: str, value: object, minimum: int) -> None:
 
 
 def _check_float(field: str, value: object) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not ok or not math.isfinite(float(value)) or float(value) < 0:  # type: ignore[arg-type]
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < 0
+    ):
         raise ValueError(f"profile field {field!r} must be a finite number >= 0, got {value!r}")
 
 
-def _row(name: str, kv: int, t0: float, b: float, c: float, k: float, a: float, **kw: Any):
+def _row(
+    name: str, kv: int, t0: float, b: float, c: float, k: float, a: float, **kw: Any
+) -> EngineProfile:
     return EngineProfile(name, 16, kv, t0, b, c, k, a, **kw)
 
 
