@@ -1,4 +1,4 @@
-"""What the client-connection guard (router/listener.py) costs the router.
+"""What the client-connection guard (router/guard.py) costs the router.
 
 1. Router CPU per request, plain aiohttp listener vs the guarded one: the router runs in a
    child process on uvloop (one dead backend: every ``GET /health`` answers 503 through
@@ -27,7 +27,8 @@ from aiohttp import web
 from kvroute.bench.procs import cpu_seconds
 from kvroute.router.app import make_app
 from kvroute.router.config import BackendConfig, HealthConfig, RouterConfig, ServerConfig
-from kvroute.router.listener import ConnectionGuard, GuardedProtocol, start_listeners
+from kvroute.router.guard import ConnectionGuard, GuardedProtocol
+from kvroute.router.listener import start_listeners
 
 
 def _config() -> RouterConfig:
