@@ -19,7 +19,7 @@ import pytest
 
 from kvroute.bench.fake_backend import FakeBackend
 from kvroute.core.keys import Prompt
-from kvroute.router import proxy
+from kvroute.router import route_request
 from kvroute.router.breaker import CircuitState
 from kvroute.router.config import BreakerConfig, HealthConfig, LimitConfig, TimeoutConfig
 from tests.conftest import until
@@ -223,7 +223,7 @@ async def test_a_big_exact_mode_prompt_is_keyed_while_the_router_keeps_answering
     client = await harness.router([b.url], policy="prefix", mode="exact")
     started, go = threading.Event(), threading.Event()
     order: list[str] = []
-    real = proxy.prompt_token_ids
+    real = route_request.prompt_token_ids
 
     def held(prompt: Prompt) -> list[int]:
         if prompt.text is not None and len(prompt.text) > 100_000:
@@ -232,7 +232,7 @@ async def test_a_big_exact_mode_prompt_is_keyed_while_the_router_keeps_answering
             order.append("big keyed")
         return real(prompt)
 
-    monkeypatch.setattr(proxy, "prompt_token_ids", held)
+    monkeypatch.setattr(route_request, "prompt_token_ids", held)
     big = asyncio.ensure_future(
         client.post("/v1/completions", json={"model": "m1", "prompt": "word " * 60_000})
     )
