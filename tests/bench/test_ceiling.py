@@ -157,9 +157,9 @@ def test_keys_are_the_engines_own(name):
     for spec in specs:
         prompt = protocol.prompt_ids(spec.body(None), spec.endpoint == "chat", tokenizer)
         assert prompt == spec_token_ids(spec)
-        engine.add_request(spec.request_id, prompt, 1, 0.0)
+        engine.add_request(spec.request_id, prompt, 1)
         while engine.has_unfinished_requests():
-            engine.step(0.0)
+            engine.step()
     stats = engine.stats
     records = [record(s.request_id, float(i)) for i, s in enumerate(specs)]
     rate = run_ceiling(records, {s.request_id: s for s in specs}, big.block_size)

@@ -19,7 +19,7 @@ def make_request(
     request_id: str, token_ids: Sequence[int], block_size: int = 16, max_tokens: int = 1
 ) -> Request:
     hashes = token_block_hashes(token_ids, block_size, ROOT_SEED)
-    return Request(request_id, token_ids, max_tokens, 0.0, hashes, ROOT_SEED)
+    return Request(request_id, token_ids, max_tokens, hashes, ROOT_SEED)
 
 
 def tokens(start: int, n: int) -> list[int]:
@@ -28,15 +28,16 @@ def tokens(start: int, n: int) -> list[int]:
 
 
 def run_to_completion(
-    engine: Engine, now: float = 0.0, max_steps: int = 100_000
+    engine: Engine, max_steps: int = 100_000
 ) -> tuple[float, dict[str, list[TokenOutput]]]:
-    """Step until idle; returns the clock and every request's outputs in order."""
+    """Step until idle; returns the engine seconds it took and every request's outputs."""
     outputs: dict[str, list[TokenOutput]] = {}
+    elapsed = 0.0
     for _ in range(max_steps):
         if not engine.has_unfinished_requests():
-            return now, outputs
-        result = engine.step(now)
-        now += result.duration_s
+            return elapsed, outputs
+        result = engine.step()
+        elapsed += result.duration_s
         for out in result.outputs:
             outputs.setdefault(out.request_id, []).append(out)
         engine.check_invariants()

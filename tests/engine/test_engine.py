@@ -16,10 +16,10 @@ from .helpers import make_profile, run_to_completion, tokens
 
 def time_to_first_token_s(engine: Engine, request_id: str, prompt: list[int]) -> float:
     """Engine time from add_request to the step that yields the first token (no a_api)."""
-    engine.add_request(request_id, prompt, 1, 0.0)
+    engine.add_request(request_id, prompt, 1)
     elapsed = 0.0
     for _ in range(100):
-        result = engine.step(elapsed)
+        result = engine.step()
         elapsed += result.duration_s
         if any(o.request_id == request_id and o.is_first for o in result.outputs):
             return elapsed
@@ -57,7 +57,7 @@ def test_every_profile_matches_its_4k_miss_ttft(name: str, table_ttft_s: float) 
 
 def test_instant_profile_costs_nothing() -> None:
     engine = Engine(PROFILES["instant"])
-    engine.add_request("r", tokens(0, 4000), 3, 0.0)
+    engine.add_request("r", tokens(0, 4000), 3)
     clock, outputs = run_to_completion(engine)
     assert clock == 0.0 and len(outputs["r"]) == 3
 
@@ -65,10 +65,10 @@ def test_instant_profile_costs_nothing() -> None:
 def test_prefix_cache_counters_are_in_tokens() -> None:
     engine = Engine(PROFILES["codellama-13b-a100"])
     prompt = tokens(7, 4000)
-    engine.add_request("a", prompt, 1, 0.0)
+    engine.add_request("a", prompt, 1)
     run_to_completion(engine)
-    engine.add_request("b", prompt, 1, 0.0)
-    engine.add_request("c", [*prompt[:1000], *tokens(90_000, 500)], 1, 0.0)
+    engine.add_request("b", prompt, 1)
+    engine.add_request("c", [*prompt[:1000], *tokens(90_000, 500)], 1)
     _, outputs = run_to_completion(engine)
     stats = engine.stats
     assert stats.prefix_cache_queries == 4000 + 4000 + 1500
@@ -81,8 +81,8 @@ def test_prefix_cache_counters_are_in_tokens() -> None:
 def test_kv_events_name_blocks_with_the_routers_keys() -> None:
     engine = Engine(make_profile(), enable_kv_events=True, next_token=lambda rid, i: 9)
     prompt = tokens(0, 40)
-    engine.add_request("a", prompt, 9, 0.0)  # 49 tokens in the end: 3 full blocks
-    engine.step(0.0)
+    engine.add_request("a", prompt, 9)  # 49 tokens in the end: 3 full blocks
+    engine.step()
     keys = token_block_hashes(prompt, 16)
     assert engine.drain_kv_events() == [BlockStored(keys, None, prompt[:32], 16)]
     run_to_completion(engine)
@@ -94,12 +94,12 @@ def test_kv_events_name_blocks_with_the_routers_keys() -> None:
 def test_eviction_and_reset_emit_events() -> None:
     profile = make_profile(kv_capacity_tokens=64, max_model_len=64)  # 4 blocks
     engine = Engine(profile, enable_kv_events=True)
-    engine.add_request("a", tokens(0, 33), 1, 0.0)
+    engine.add_request("a", tokens(0, 33), 1)
     run_to_completion(engine)
     stored = engine.drain_kv_events()[0]
     assert isinstance(stored, BlockStored)
-    engine.add_request("b", tokens(500, 60), 4, 0.0)  # needs all 4 blocks
-    engine.step(0.0)
+    engine.add_request("b", tokens(500, 60), 4)  # needs all 4 blocks
+    engine.step()
     assert not engine.reset_prefix_cache()  # b holds blocks
     removed = [e for e in engine.drain_kv_events() if isinstance(e, BlockRemoved)]
     assert sorted(h for e in removed for h in e.block_hashes) == sorted(stored.block_hashes)
@@ -107,7 +107,7 @@ def test_eviction_and_reset_emit_events() -> None:
     engine.drain_kv_events()
     assert engine.reset_prefix_cache()
     assert engine.drain_kv_events() == [AllBlocksCleared()]
-    engine.add_request("b2", tokens(500, 60), 1, 0.0)
+    engine.add_request("b2", tokens(500, 60), 1)
     _, outputs = run_to_completion(engine)
     assert outputs["b2"][0].num_cached_tokens == 0
 
@@ -115,10 +115,10 @@ def test_eviction_and_reset_emit_events() -> None:
 def test_cache_salt_separates_identical_prompts() -> None:
     engine = Engine(make_profile())
     prompt = tokens(0, 64)
-    engine.add_request("a", prompt, 1, 0.0)
+    engine.add_request("a", prompt, 1)
     run_to_completion(engine)
-    engine.add_request("salted", prompt, 1, 0.0, cache_salt="tenant-1")
-    engine.add_request("plain", prompt, 1, 0.0)
+    engine.add_request("salted", prompt, 1, cache_salt="tenant-1")
+    engine.add_request("plain", prompt, 1)
     _, outputs = run_to_completion(engine)
     assert outputs["salted"][0].num_cached_tokens == 0
     assert outputs["plain"][0].num_cached_tokens == 48
@@ -126,9 +126,9 @@ def test_cache_salt_separates_identical_prompts() -> None:
 
 def test_abort_frees_blocks_and_ignores_unknown_ids() -> None:
     engine = Engine(make_profile(max_num_seqs=1))
-    engine.add_request("running", tokens(0, 100), 50, 0.0)
-    engine.add_request("waiting", tokens(500, 100), 50, 0.0)
-    engine.step(0.0)
+    engine.add_request("running", tokens(0, 100), 50)
+    engine.add_request("waiting", tokens(500, 100), 50)
+    engine.step()
     assert engine.stats.kv_cache_usage > 0
     engine.abort_request("running")
     engine.abort_request("waiting")
@@ -136,22 +136,22 @@ def test_abort_frees_blocks_and_ignores_unknown_ids() -> None:
     engine.check_invariants()
     assert engine.stats.kv_cache_usage == 0.0
     assert not engine.has_unfinished_requests()
-    assert engine.step(0.0).duration_s == 0.0
-    engine.add_request("running", tokens(0, 10), 1, 0.0)  # the id is free again
+    assert engine.step().duration_s == 0.0
+    engine.add_request("running", tokens(0, 10), 1)  # the id is free again
 
 
 def test_jitter_is_seeded_and_bounded() -> None:
     def durations(seed: int) -> list[float]:
         engine = Engine(make_profile(), rng=random.Random(seed), jitter=0.1)
-        engine.add_request("r", tokens(0, 1000), 20, 0.0)
+        engine.add_request("r", tokens(0, 1000), 20)
         out = []
         while engine.has_unfinished_requests():
-            out.append(engine.step(0.0).duration_s)
+            out.append(engine.step().duration_s)
         return out
 
     plain = Engine(make_profile())
-    plain.add_request("r", tokens(0, 1000), 1, 0.0)
-    exact = plain.step(0.0).duration_s
+    plain.add_request("r", tokens(0, 1000), 1)
+    exact = plain.step().duration_s
     assert exact == pytest.approx((1 + 0.010 * 1000 + 4.4e-3) / 1000)
     first = durations(1)
     assert first == durations(1) and first != durations(2)
@@ -176,21 +176,21 @@ def test_bad_requests_raise_value_error(
 ) -> None:
     engine = Engine(PROFILES["tiny"])
     with pytest.raises(ValueError, match=message):
-        engine.add_request(request_id, prompt, max_tokens, 0.0)
+        engine.add_request(request_id, prompt, max_tokens)
     assert not engine.has_unfinished_requests()
 
 
 def test_duplicate_request_id_is_refused() -> None:
     engine = Engine(PROFILES["tiny"])
-    engine.add_request("r", [1, 2, 3], 1, 0.0)
+    engine.add_request("r", [1, 2, 3], 1)
     with pytest.raises(ValueError, match="already"):
-        engine.add_request("r", [1, 2, 3], 1, 0.0)
+        engine.add_request("r", [1, 2, 3], 1)
 
 
 def test_default_tokens_are_deterministic_words() -> None:
     def run() -> list[int]:
         engine = Engine(PROFILES["tiny"])
-        engine.add_request("r", tokens(0, 10), 5, 0.0)
+        engine.add_request("r", tokens(0, 10), 5)
         _, outputs = run_to_completion(engine)
         return [o.token_id for o in outputs["r"]]
 

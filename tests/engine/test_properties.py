@@ -115,7 +115,6 @@ class EngineMachine(RuleBasedStateMachine):
         self.expected: dict[str, tuple[int, int]] = {}  # id -> (prompt_len, max_tokens)
         self.outputs: dict[str, list[TokenOutput]] = {}
         self.aborted: set[str] = set()
-        self.now = 0.0
         self.counter = 0
 
     @rule(
@@ -128,16 +127,15 @@ class EngineMachine(RuleBasedStateMachine):
         self.counter += 1
         rid = f"r{self.counter}"
         tokens = prompt(family, shared, suffix)
-        self.engine.add_request(rid, tokens, max_tokens, self.now)
+        self.engine.add_request(rid, tokens, max_tokens)
         self.expected[rid] = (len(tokens), max_tokens)
 
     @rule()
     def step(self) -> None:
-        result = self.engine.step(self.now)
+        result = self.engine.step()
         assert result.duration_s >= 0.0
         idle = not (result.outputs or result.num_prefill_tokens or result.num_decode_seqs)
         assert (result.duration_s == 0.0) == idle  # tiny has t_fwd0 > 0
-        self.now += result.duration_s
         for out in result.outputs:
             self.outputs.setdefault(out.request_id, []).append(out)
 
@@ -164,7 +162,7 @@ class EngineMachine(RuleBasedStateMachine):
             assert outs[0].num_cached_tokens <= self.expected[rid][0] - 1
 
     def teardown(self) -> None:
-        _, rest = run_to_completion(self.engine, self.now, max_steps=5000)
+        _, rest = run_to_completion(self.engine, max_steps=5000)
         for rid, outs in rest.items():
             self.outputs.setdefault(rid, []).extend(outs)
         for rid, (_, max_tokens) in self.expected.items():

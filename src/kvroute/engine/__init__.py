@@ -1,5 +1,6 @@
 """Pure vLLM-V1-like engine model: prefix-cached KV blocks, continuous batching with
-chunked prefill, a step-time model and hardware/model profiles. No I/O; time is passed in.
+chunked prefill, a step-time model and hardware/model profiles. No I/O and no clock:
+a step returns its modelled duration.
 Its KV events are the types of ``kvroute.common.kv_events``; a profile from a YAML
 file is read by ``kvroute.sim.profiles``."""
 

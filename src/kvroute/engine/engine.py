@@ -1,8 +1,10 @@
-"""The engine loop: add requests, step, read outputs and stats (no I/O, time passed in).
+"""The engine loop: add requests, step, read outputs and stats (no I/O, no clock).
 
-The caller (HTTP simulator or discrete-event simulator) loops: ``r = engine.step(now)``,
-waits ``r.duration_s`` (real or virtual), then delivers ``r.outputs``. ``a_api_ms`` is not
-inside ``step``: the caller adds it to each request's TTFT.
+The caller (HTTP simulator or discrete-event simulator) loops: ``r = engine.step()``,
+waits ``r.duration_s`` (real or virtual), then delivers ``r.outputs``. The engine never
+reads the time: its state depends on the calls alone, so the same calls give the same
+results under a real clock and a virtual one. ``a_api_ms`` is not inside ``step``: the
+caller adds it to each request's TTFT.
 """
 
 from __future__ import annotations
@@ -106,7 +108,6 @@ class Engine:
         request_id: str,
         prompt_token_ids: Sequence[int],
         max_tokens: int,
-        now: float,
         *,
         cache_salt: str | None = None,
     ) -> None:
@@ -117,7 +118,7 @@ class Engine:
             hashes = token_block_hashes(prompt_token_ids, self.profile.block_size, seed)
         except TypeError:
             raise ValueError("prompt_token_ids must be integers") from None
-        req = Request(request_id, prompt_token_ids, max_tokens, now, hashes, seed, cache_salt)
+        req = Request(request_id, prompt_token_ids, max_tokens, hashes, seed, cache_salt)
         self._requests[request_id] = req
         self.scheduler.add(req)
 
@@ -153,12 +154,9 @@ class Engine:
     def has_unfinished_requests(self) -> bool:
         return bool(self._requests)
 
-    def step(self, now: float) -> StepResult:
-        """Run one batch: schedule, cost it, and produce its tokens.
-
-        ``now`` is the caller's clock (real or virtual); the model's state does not depend
-        on it, so the same calls give the same results in the HTTP simulator and the DES.
-        """
+    def step(self) -> StepResult:
+        """Run one batch: schedule, cost it, and produce its tokens; its modelled time is
+        ``duration_s`` of the result, the caller's clock (real or virtual) advances by it."""
         out = self.scheduler.schedule()
         if not out.scheduled:
             return _IDLE

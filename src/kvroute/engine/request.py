@@ -29,7 +29,6 @@ class Request:
     """
 
     __slots__ = (
-        "arrival_time",
         "block_hashes",
         "block_table",
         "cache_salt",
@@ -50,7 +49,6 @@ class Request:
         request_id: str,
         prompt_token_ids: Sequence[int],
         max_tokens: int,
-        arrival_time: float,
         block_hashes: list[int],
         hash_seed: int,
         cache_salt: str | None = None,
@@ -59,7 +57,6 @@ class Request:
         self.token_ids: list[int] = list(prompt_token_ids)  # prompt, then output tokens
         self.num_prompt_tokens = len(prompt_token_ids)
         self.max_tokens = max_tokens  # output tokens to produce (finish "length")
-        self.arrival_time = arrival_time  # caller's clock at add_request, seconds
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0  # tokens whose KV is in (or scheduled into) the cache
         self.block_table: list[int] = []  # KV block ids, in token order
@@ -73,10 +70,6 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
-
-    @property
-    def num_output_tokens(self) -> int:
-        return len(self.token_ids) - self.num_prompt_tokens
 
     def __repr__(self) -> str:
         return (

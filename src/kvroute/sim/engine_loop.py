@@ -1,15 +1,15 @@
 """The engine loop of one simulated vLLM backend: an ``Engine`` driven in real time.
 
 An ``EngineLoop`` owns an ``Engine`` and one asyncio task (the engine loop) that does what
-vLLM's engine core does: ``r = engine.step(now)``, wait ``r.duration_s`` (divided by the
+vLLM's engine core does: ``r = engine.step()``, wait ``r.duration_s`` (divided by the
 speedup, multiplied by a ``slow`` fault), then hand each produced token to the request
 that owns it (a per-request ``TokenStream``). The loop sleeps on an ``asyncio.Event``
 while the engine has nothing to do, so an idle backend costs nothing. The HTTP side is
 apart: sim/api.py serves an ``EngineLoop`` and sim/server.py binds it to a port.
 
-Clock: the engine's ``now`` is real time since the loop started times ``speedup``
-(engine seconds = real seconds x speedup), so with ``--speedup 10`` a 0.7 s prefill
-takes 70 ms of wall time and every modelled duration shrinks by the same factor.
+Speedup: the engine has no clock; the loop waits each step's modelled duration divided
+by ``speedup`` (engine seconds = real seconds x speedup), so with ``--speedup 10`` a 0.7 s
+prefill takes 70 ms of wall time and every modelled duration shrinks by the same factor.
 
 The per-request API overhead ``a_api_ms`` of the profile is a sleep before the request
 enters the engine, so it adds to TTFT and not to the engine's steps (docs/engine-model.md).
@@ -111,7 +111,6 @@ class EngineLoop:
         self._seeds: dict[str, int] = {}
         self._wakeup = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
-        self._t0 = 0.0
         self.hung: set[asyncio.Future[None]] = set()  # requests held by a hang fault
 
     # ---- life cycle -------------------------------------------------------------
@@ -130,7 +129,6 @@ class EngineLoop:
             )
             self.publisher.start()
         loop = asyncio.get_running_loop()
-        self._t0 = loop.time()
         self._loop_task = loop.create_task(self._run(), name=self.task_name())
 
     def task_name(self) -> str:
@@ -150,10 +148,6 @@ class EngineLoop:
             self.publisher = None
 
     # ---- requests ---------------------------------------------------------------
-    def now(self) -> float:
-        """Engine time in seconds: real seconds since start x speedup."""
-        return (asyncio.get_running_loop().time() - self._t0) * self.speedup
-
     def api_delay_s(self) -> float:
         """Wall seconds of the per-request API overhead (a_api, scaled)."""
         return self.profile.a_api_ms / 1000.0 * self.faults.slow_factor / self.speedup
@@ -175,9 +169,7 @@ class EngineLoop:
         stream = TokenStream(wake_on_finish)
         self._seeds[request_id] = seed
         try:
-            self.engine.add_request(
-                request_id, prompt_token_ids, max_tokens, self.now(), cache_salt=cache_salt
-            )
+            self.engine.add_request(request_id, prompt_token_ids, max_tokens, cache_salt=cache_salt)
         except ValueError:
             del self._seeds[request_id]
             raise
@@ -207,7 +199,7 @@ class EngineLoop:
                 await self._gather_arrivals()
                 continue
             start = loop.time()
-            outputs, duration_s = self._step((start - self._t0) * self.speedup)
+            outputs, duration_s = self._step()
             delay = duration_s * self.faults.slow_factor / self.speedup
             if delay > 0:
                 await asyncio.sleep(start + delay - loop.time())
@@ -225,20 +217,20 @@ class EngineLoop:
             if len(self._streams) == before:
                 return
 
-    def _step(self, now: float) -> tuple[list[TokenOutput], float]:
+    def _step(self) -> tuple[list[TokenOutput], float]:
         """One engine step; zero-time steps (``instant``) run back to back, up to a cap.
 
-        Free steps take no modelled time, so their tokens are all due at ``now``; running
+        Free steps take no modelled time, so their tokens are all due at once; running
         them together gives each request one delivery instead of one per token.
         """
-        result = self.engine.step(now)
+        result = self.engine.step()
         if result.duration_s > 0 or not result.outputs:
             return result.outputs, result.duration_s
         outputs = list(result.outputs)
         for _ in range(FREE_STEPS_PER_YIELD):
             if not self.engine.has_unfinished_requests():
                 break
-            result = self.engine.step(now)
+            result = self.engine.step()
             outputs += result.outputs
             if result.duration_s > 0:
                 return outputs, result.duration_s
