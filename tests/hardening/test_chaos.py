@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from kvroute.bench.chaos import FAULT_KINDS, ChaosConfig, attribute, make_schedule, run_chaos
+from kvroute.bench.chaos import ChaosConfig, run_chaos
+from kvroute.bench.chaos_faults import FAULT_KINDS, attribute, make_schedule
 from kvroute.bench.hardening import Shot
 
 

@@ -15,7 +15,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from kvroute.bench.chaos import FAULT_KINDS, ChaosConfig, ChaosResult, run_chaos, write_report
+from kvroute.bench.chaos import ChaosConfig, ChaosResult, run_chaos, write_report
+from kvroute.bench.chaos_faults import FAULT_KINDS
 from kvroute.bench.procs import exit_on_sigterm
 
 
