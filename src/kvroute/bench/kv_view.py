@@ -22,7 +22,8 @@ from typing import Any, TypeVar
 import aiohttp
 
 from kvroute.bench.procs import SimEngine
-from kvroute.core.fleet import Fleet, FleetConfig
+from kvroute.core.config import FleetConfig
+from kvroute.core.fleet import Fleet
 from kvroute.core.policy import make_policy
 from kvroute.router.kv_subscriber import KvEventSubscriber
 
@@ -62,16 +63,14 @@ class EventFollower:
         async def snap() -> View:
             out = {}
             for url in self.fleet.urls():
-                model = self.fleet.sync.model(url)
+                keys = self.fleet.confirmed_keys(url)  # None: approximate
                 status = self.sub.status(url)
                 out[url] = {
-                    "exact": model is not None,
+                    "exact": keys is not None,
                     "last_seq": status.last_seq if status else None,
                     "gaps": status.num_gaps if status else None,
-                    "blocks": model.num_confirmed if model is not None else None,
-                    "digest": str(sum(model.confirmed_keys()) % 2**64)
-                    if model is not None
-                    else None,
+                    "blocks": len(keys) if keys is not None else None,
+                    "digest": str(sum(keys) % 2**64) if keys is not None else None,
                 }
             return out
 

@@ -13,7 +13,8 @@ import sys
 import time
 from random import Random
 
-from kvroute.core.fleet import Fleet, FleetConfig
+from kvroute.core.config import FleetConfig
+from kvroute.core.fleet import Fleet
 from kvroute.core.policy import RouteRequest, make_policy
 
 BLOCK_SIZE = 16
