@@ -68,7 +68,7 @@ def _headers(resp: aiohttp.ClientResponse, ticket: Ticket, reason: str, rid: str
 
 @dataclass(frozen=True, slots=True)
 class AnswerPlan:
-    """How one request's answer is relayed (the proxy decides per attempt)."""
+    """How one request's answer is relayed (decided per attempt: router/outbound.py)."""
 
     assembled: bool = False  # a stream asked for a non-streaming client: answer one body
     chat: bool = False  # /v1/chat/completions (else /v1/completions): the body's shape

@@ -23,7 +23,7 @@ DEFAULT_MAX_TOKENS = {False: 16, True: 256}
 # Largest max_tokens taken when no model card gives the context (``Backends.check_context``
 # applies that one): above every released model's context (10M), far below overflow.
 MAX_TOKENS_CAP = 1 << 24
-# "model" names longer than this get 400 (limits.max_model_name_chars; the proxy passes it)
+# "model" names longer than this get 400 (limits.max_model_name_chars; route_request passes it)
 DEFAULT_MAX_MODEL_NAME_CHARS = 256
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # no served model's name holds these
 # Deepest nesting of arrays and objects a body may have: real tool schemas stay well under
