@@ -124,7 +124,7 @@ def test_fallbacks_models_and_ignored_observations() -> None:
 def _fleet(mode: str = "approximate") -> Fleet:
     fleet = Fleet(make_policy("prefix"), FleetConfig(default_block_size=16, mode=mode))
     fleet.add_backend("http://a", models=["m"])
-    fleet.update_engine_stats("http://a", now=0.0, num_gpu_blocks=1000)
+    fleet.update_engine_stats("http://a", num_gpu_blocks=1000)
     return fleet
 
 
@@ -149,7 +149,7 @@ def test_the_fleet_scales_capacity_estimates_and_key_blocks_not_keys() -> None:
     # a full hit of a 10-key-block prompt: ~213 tokens, as the engine would count them
     hit = RouteRequest("h", "m", keys[:10], num_prompt_tokens=214, max_tokens=1)
     assert fleet.predicted_cached_tokens("http://a", hit) == 210
-    fleet.update_engine_stats("http://a", now=1.0, num_gpu_blocks=2000)  # a rescrape
+    fleet.update_engine_stats("http://a", num_gpu_blocks=2000)  # a rescrape
     assert fleet.backend_states()[0].key_capacity_blocks == 1500
     fleet.check_invariants()
 

@@ -26,7 +26,7 @@ def test_membership_errors_are_value_errors():
     with pytest.raises(ValueError, match="unknown backend"):
         fleet.set_healthy(url(5), False)
     fleet.remove_backend(url(5))  # unknown: no-op
-    fleet.update_engine_stats(url(5), now=0.0, num_running=3)  # scrape racing a removal
+    fleet.update_engine_stats(url(5), num_running=3)  # scrape racing a removal
 
 
 def test_removed_backend_vanishes_from_index_and_decisions():
@@ -45,10 +45,9 @@ def test_removed_backend_vanishes_from_index_and_decisions():
 def test_engine_stats_feed_capacity_block_size_and_hit_deltas():
     fleet = make_fleet(n=1)
     u = url(0)
-    fleet.update_engine_stats(u, now=0.0, prefix_cache_hits=1000, prefix_cache_queries=4000)
+    fleet.update_engine_stats(u, prefix_cache_hits=1000, prefix_cache_queries=4000)
     fleet.update_engine_stats(
         u,
-        now=1.0,
         prefix_cache_hits=1600,
         prefix_cache_queries=5000,
         num_gpu_blocks=3,
@@ -57,7 +56,7 @@ def test_engine_stats_feed_capacity_block_size_and_hit_deltas():
         num_running=2,
         num_waiting=1,
     )
-    fleet.update_engine_stats(u, now=2.0, prefix_cache_hits=50, prefix_cache_queries=100)  # restart
+    fleet.update_engine_stats(u, prefix_cache_hits=50, prefix_cache_queries=100)  # restart
     (s,) = fleet.backend_states()
     assert (s.engine_hit_tokens, s.engine_query_tokens) == (650, 1100)
     assert (s.capacity_blocks, s.block_size, s.kv_cache_usage) == (3, BS, 0.4)
@@ -151,7 +150,7 @@ class FleetMachine(RuleBasedStateMachine):
     )
     def scrape(self, i, running, waiting, blocks):
         self.fleet.update_engine_stats(
-            url(i), now=self.now, num_running=running, num_waiting=waiting, num_gpu_blocks=blocks
+            url(i), num_running=running, num_waiting=waiting, num_gpu_blocks=blocks
         )
 
     @rule(i=st.integers(0, 5))

@@ -39,7 +39,7 @@ def test_huge_token_counts_dispatch_and_release_cleanly(name: str, huge: int) ->
     """10**308 once made the merged load overflow after the load was taken."""
     fleet = make_fleet(name, n=2)
     for u in fleet.urls():
-        fleet.update_engine_stats(u, now=0.0, num_running=8, num_waiting=8)
+        fleet.update_engine_stats(u, num_running=8, num_waiting=8)
     tickets = []
     for i in range(8):
         r = req(f"h{i}", chain((i, 2)), prompt_tokens=huge, max_tokens=huge)
@@ -53,7 +53,7 @@ def test_huge_token_counts_dispatch_and_release_cleanly(name: str, huge: int) ->
     _assert_idle(fleet)
     # both backends still take traffic once the engines are idle again
     for u in fleet.urls():
-        fleet.update_engine_stats(u, now=3.0, num_running=0, num_waiting=0)
+        fleet.update_engine_stats(u, num_running=0, num_waiting=0)
     chosen = set()
     for i in range(6):
         _, t = serve(fleet, req(f"n{i}", chain((100 + i, 2))), now=3.0)
@@ -118,7 +118,6 @@ def test_absurd_engine_gauges_do_not_break_routing() -> None:
     u0, u1 = fleet.urls()
     fleet.update_engine_stats(
         u0,
-        now=0.0,
         num_running=10**400,
         num_waiting=math.inf,  # type: ignore[arg-type]
         kv_cache_usage=math.nan,
@@ -127,7 +126,7 @@ def test_absurd_engine_gauges_do_not_break_routing() -> None:
         prefix_cache_hits=math.inf,  # type: ignore[arg-type]
         prefix_cache_queries=math.nan,  # type: ignore[arg-type]
     )
-    fleet.update_engine_stats(u1, now=0.0, block_size=math.inf)  # type: ignore[arg-type]
+    fleet.update_engine_stats(u1, block_size=math.inf)  # type: ignore[arg-type]
     assert fleet.block_size_for(None) == 16  # neither absurd size is taken
     _, t = serve(fleet, req("a", chain((1, 4))))
     assert [s.url for s in fleet.backend_states()] == [u0, u1]
@@ -155,7 +154,7 @@ def test_extreme_requests_never_leave_load_behind(
     cached: int | None,
 ) -> None:
     fleet = make_fleet(name, n=3)
-    fleet.update_engine_stats(url(0), now=0.0, num_running=gauges[0], num_waiting=gauges[1])
+    fleet.update_engine_stats(url(0), num_running=gauges[0], num_waiting=gauges[1])
     tickets: list[Ticket] = []
     for i, (prompt, max_tokens, blocks) in enumerate(requests):
         r = req(f"r{i}", chain((i, blocks)), prompt_tokens=prompt, max_tokens=max_tokens)
@@ -167,6 +166,6 @@ def test_extreme_requests_never_leave_load_behind(
     for t in tickets:
         fleet.on_first_token(t, 0.5, cached)
         fleet.finish(t, 1.0, ok=True)
-    fleet.update_engine_stats(url(0), now=2.0, num_running=0, num_waiting=0)
+    fleet.update_engine_stats(url(0), num_running=0, num_waiting=0)
     _assert_idle(fleet)
     assert all(s.in_flight_tokens == 0 for s in fleet.backend_states())

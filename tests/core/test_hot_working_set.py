@@ -181,7 +181,7 @@ def test_exact_mode_prefers_leftovers_over_hot_prefixes_too():
     seq = dict.fromkeys((hot, leftovers), 0)
     for u in seq:
         ex.sync(fleet, u)
-        fleet.update_engine_stats(u, now=0.0, block_size=ex.BS, num_gpu_blocks=3 * (PREFIX + 1))
+        fleet.update_engine_stats(u, block_size=ex.BS, num_gpu_blocks=3 * (PREFIX + 1))
     now = 0.0
 
     def serve_exact(u: str, ids: list[int]) -> None:

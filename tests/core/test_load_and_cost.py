@@ -88,10 +88,10 @@ def test_load_is_counted_at_dispatch_prefill_released_at_first_token():
 def test_engine_gauges_merge_by_max_not_sum():
     fleet = make_fleet("round_robin", n=1)
     serve(fleet, req("r", chain((1, 2)), prompt_tokens=37, max_tokens=10))
-    fleet.update_engine_stats(url(0), now=1.0, num_running=1, num_waiting=0)
+    fleet.update_engine_stats(url(0), num_running=1, num_waiting=0)
     (state,) = fleet.backend_states()
     assert state.in_flight_requests == 1  # our own request, seen by the engine too
-    fleet.update_engine_stats(url(0), now=2.0, num_running=3, num_waiting=4)
+    fleet.update_engine_stats(url(0), num_running=3, num_waiting=4)
     (state,) = fleet.backend_states()
     assert state.in_flight_requests == 7  # other routers' traffic shows up
     assert state.queued_prefill_tokens > 37

@@ -163,8 +163,8 @@ def test_block_size_for_follows_the_scraped_engines():
     assert fleet.block_size_for(None) == BS
     for i in range(3):
         fleet.add_backend(url(i), models=["m"])
-    fleet.update_engine_stats(url(0), now=0.0, block_size=32)
-    fleet.update_engine_stats(url(1), now=0.0, block_size=32)
+    fleet.update_engine_stats(url(0), block_size=32)
+    fleet.update_engine_stats(url(1), block_size=32)
     assert fleet.block_size_for("m") == 32
     fleet.set_healthy(url(0), False)
     fleet.set_healthy(url(1), False)

@@ -114,7 +114,7 @@ def test_full_kv_on_the_holder_pushes_long_recompute_elsewhere_only_when_worth_i
     fleet = make_fleet(n=2, capacity=80)
     system = chain((1, 64))
     d, _ = serve(fleet, req("a", system))
-    fleet.update_engine_stats(d.backend, now=1.0, kv_cache_usage=kv_usage)
+    fleet.update_engine_stats(d.backend, kv_cache_usage=kv_usage)
     decision = fleet.route(req("b", system + chain((2, 1))), 1.0)
     assert (decision.backend != d.backend) is moves
     assert decision.reason == ("load" if moves else "prefix")

@@ -65,5 +65,5 @@ def test_an_events_block_size_is_believed_until_a_scrape_says_otherwise():
     ids = tokens((1, 2))  # one engine block of 8 tokens
     fleet.apply_kv_batch(A, 0, 1.0, [BlockStored([123], None, ids, 8)], 0.0)
     assert fleet.backend_states()[0].block_size == 8
-    fleet.update_engine_stats(A, now=0.0, block_size=16)
+    fleet.update_engine_stats(A, block_size=16)
     assert fleet.backend_states()[0].block_size == 16

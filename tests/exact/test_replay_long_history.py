@@ -142,7 +142,7 @@ def test_a_view_rebuilt_by_replay_is_used_only_once_it_reaches_the_present():
     old, new = tokens((1, 3)), tokens((2, 3))
     fleet.kv_catch_up_begin(url)
     _history(fleet, url, [[stored(old)]])  # an earlier run's prompt, evicted since
-    fleet.update_engine_stats(url, now=0.0, num_gpu_blocks=64)  # scraped meanwhile
+    fleet.update_engine_stats(url, num_gpu_blocks=64)  # scraped meanwhile
     assert not fleet.is_exact(url)
     assert fleet.index.matched_blocks(url, router_keys(old)) == 0  # not routed on
     fleet.apply_kv_batch(url, 1, 1.0, [AllBlocksCleared()], 0.0)

@@ -87,7 +87,7 @@ def request(n: int) -> RouteRequest:
 def test_unhealthy_backend_drops_its_scraped_engine_gauges() -> None:
     fleet = Fleet(make_policy("least_load"))
     fleet.add_backend(A)
-    fleet.update_engine_stats(A, now=0.0, num_running=7, num_waiting=5, kv_cache_usage=0.9)
+    fleet.update_engine_stats(A, num_running=7, num_waiting=5, kv_cache_usage=0.9)
     (s,) = fleet.backend_states()
     assert s.in_flight_requests == 12 and s.own_in_flight_requests == 0
     fleet.set_healthy(A, False)
@@ -105,7 +105,7 @@ def test_own_in_flight_count_and_a_backend_added_unhealthy() -> None:
     decision = fleet.route(req, 0.0)
     assert decision is not None and decision.backend == A  # B takes nothing until healthy
     ticket = fleet.dispatch(decision, req, 0.0)
-    fleet.update_engine_stats(A, now=0.0, num_running=0, num_waiting=9)
+    fleet.update_engine_stats(A, num_running=0, num_waiting=9)
     state = {s.url: s for s in fleet.backend_states()}
     assert state[A].own_in_flight_requests == 1 and state[A].in_flight_requests == 9
     assert not state[B].healthy

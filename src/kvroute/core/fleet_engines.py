@@ -41,7 +41,6 @@ class EngineReportsMixin:
         self,
         url: str,
         *,
-        now: float,
         num_running: int | None = None,
         num_waiting: int | None = None,
         kv_cache_usage: float | None = None,

@@ -53,7 +53,6 @@ def apply_sample(state: RouterState, rt: BackendRuntime, sample: EngineMetrics) 
     rt.engine = sample
     state.fleet.update_engine_stats(
         rt.url,
-        now=state.clock(),
         num_running=sample.num_running,
         num_waiting=sample.num_waiting,
         kv_cache_usage=sample.kv_cache_usage,
