@@ -27,11 +27,9 @@ from collections.abc import Iterable, Sequence
 import xxhash
 
 VOCAB_SIZE = 32_000
-NUM_SPECIAL = 16
+NUM_SPECIAL = 16  # ids 0..15 are never produced (room for BOS, EOS, padding)
 MAX_CACHED_PIECES = 1 << 15  # learned pieces per cache generation (two are kept)
 MAX_CACHED_PIECE_CHARS = 64  # longer pieces (whitespace runs) are hashed, never cached
-BOS_ID = 1
-EOS_ID = 2
 
 _PIECE = re.compile(r" ?[A-Za-z]{1,4}| ?[0-9]{1,3}| ?[^\sA-Za-z0-9]|\s+")
 
