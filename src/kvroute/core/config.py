@@ -1,50 +1,66 @@
-"""The Fleet's settings (``FleetConfig``): one frozen dataclass, checked when it is built.
+"""The Fleet's settings (``FleetConfig``) and the fixed value sets the Fleet speaks.
 
 A module of its own so that the Fleet (core/fleet.py) and the parts beside it read the
 settings without importing one another, and so that the router, which builds them from
-its configuration (router/app.py), needs nothing else from the core to do so. The cost
-model's own settings are ``CostConfig`` (core/cost.py), nested here as ``cost``.
+its configuration (the ``fleet:`` section, router/config.py), needs nothing else from
+the core to do so. The cost model's own settings are ``CostConfig`` (core/cost.py),
+nested here as ``cost``. Fields, types, defaults and ranges are declared once
+(core/params.py); ``__post_init__`` checks them.
+
+The value sets are ``StrEnum``s: each member is its string, so JSON, response headers,
+metric labels and comparisons with plain strings see what they saw before.
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from kvroute.core.cost import CostConfig
-from kvroute.core.kv_sync import MODES
+from kvroute.core.params import check_ranges, param, parse_value
 from kvroute.core.sessions import DEFAULT_MAX_ENTRIES, DEFAULT_TTL_S
+
+
+class Mode(enum.StrEnum):
+    """Which routing keys the Fleet uses and where its cache views come from."""
+
+    APPROXIMATE = "approximate"  # text keys, LRU models fed by dispatches
+    # token keys, each backend's view from its KV events while its stream is synced
+    # (LRU fallback otherwise)
+    EXACT = "exact"
+    AUTO = "auto"  # token keys for a model only while one of its backends is synced
+
+
+class KeyKind(enum.StrEnum):
+    """Which block keys a request needs (``Fleet.key_kind_for``)."""
+
+    TEXT = "text"  # prompt_block_hashes over the rendered prompt text
+    TOKENS = "tokens"  # token_block_hashes over the engine's token ids
 
 
 @dataclass(frozen=True, slots=True)
 class FleetConfig:
-    """Fleet-wide knobs."""
+    """Fleet-wide knobs. The router sets ``mode`` from its own ``mode`` and the session
+    sizes from its ``sessions`` section; the rest is its ``fleet`` section."""
 
-    default_block_size: int = 16  # tokens per block until a backend's block size is scraped
-    default_capacity_blocks: int = 8192  # cache-model size until num_gpu_blocks is scraped
-    max_index_entries: int = 2_000_000  # hard cap on (block, backend) entries (~150-300 B each)
+    SECTION: ClassVar[str] = "fleet"
+
+    # tokens per block until a backend's block size is scraped
+    default_block_size: int = param(16, ge=1)
+    # cache-model size, blocks, until num_gpu_blocks is scraped
+    default_capacity_blocks: int = param(8192, ge=1)
+    # hard cap on (block, backend) entries of the index (~150-300 B each)
+    max_index_entries: int = param(2_000_000, ge=1)
     cost: CostConfig = field(default_factory=CostConfig)  # TTFT estimate and rate learning
-    # "approximate": text keys, LRU models fed by dispatches; "exact": token keys, each
-    # backend's view from its KV events while its stream is synced (LRU fallback
-    # otherwise); "auto": token keys for a model only while one of its backends is synced
-    mode: str = "approximate"
-    speculative_ttl_s: float = 3.0  # exact mode: unconfirmed dispatch credit lives this long
+    mode: Mode = Mode.APPROXIMATE
+    # exact mode: credit for a dispatch until the backend's KV events confirm it, seconds
+    speculative_ttl_s: float = param(3.0, ge=0, le=600)
     # session affinity (core/sessions.py): a session's last backend is forgotten this long
     # after its last request, and at most this many sessions are kept (least recent out)
-    session_ttl_s: float = DEFAULT_TTL_S
-    session_max_entries: int = DEFAULT_MAX_ENTRIES
+    session_ttl_s: float = param(DEFAULT_TTL_S, gt=0, le=604_800)
+    session_max_entries: int = param(DEFAULT_MAX_ENTRIES, ge=1, le=10_000_000)
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"fleet.mode: must be one of {', '.join(MODES)}, got {self.mode!r}")
-        if not self.speculative_ttl_s >= 0:
-            raise ValueError("fleet.speculative_ttl_s: must be >= 0")
-        if self.default_block_size < 1:
-            raise ValueError("fleet.default_block_size: must be >= 1")
-        if self.default_capacity_blocks < 1:
-            raise ValueError("fleet.default_capacity_blocks: must be >= 1")
-        if self.max_index_entries < 1:
-            raise ValueError("fleet.max_index_entries: must be >= 1")
-        if not self.session_ttl_s > 0:
-            raise ValueError("fleet.session_ttl_s: must be > 0")
-        if self.session_max_entries < 1:
-            raise ValueError("fleet.session_max_entries: must be >= 1")
+        object.__setattr__(self, "mode", parse_value(Mode, self.mode, "fleet.mode"))
+        check_ranges(self, self.SECTION)

@@ -52,68 +52,58 @@ costs a huge but finite time instead of an OverflowError.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
+from typing import ClassVar
 
 from kvroute.core.load import clamp_count
+from kvroute.core.params import ConfigError, check_ranges, param
 
 
 @dataclass(frozen=True, slots=True)
 class CostConfig:
     """Knobs of the TTFT estimate, of the online prefill-rate learner and of the margin a
-    diversion away from a prefix's holder must beat (``divert_margin_s``)."""
+    diversion away from a prefix's holder must beat (``divert_margin_s``). The router's
+    YAML section ``fleet.cost``; each range is declared with its field (core/params.py)."""
 
-    prior_prefill_tokens_per_s: float = 10_000.0  # rate before any observation
-    min_prefill_tokens_per_s: float = 200.0  # learned rate is clamped to [min, max]
-    max_prefill_tokens_per_s: float = 2_000_000.0
-    rate_ewma_alpha: float = 0.2  # weight of one sample in the log-space EWMA, (0, 1]
-    max_sample_ratio: float = 4.0  # a sample counts as at most this factor off the estimate
+    SECTION: ClassVar[str] = "cost"
+
+    prior_prefill_tokens_per_s: float = param(10_000.0, gt=0)  # rate before any observation
+    # learned rates are clamped to [min, max]; the prior lies in between
+    min_prefill_tokens_per_s: float = param(200.0, gt=0)
+    max_prefill_tokens_per_s: float = param(2_000_000.0, gt=0)
+    rate_ewma_alpha: float = param(0.2, gt=0, le=1)  # weight of one sample in the log EWMA
+    max_sample_ratio: float = param(4.0, ge=1)  # a sample counts as at most this factor off
     # Most a settled rate moves on one sample, in log units (0.005: 0.5 %); the k-th of a
     # run of samples beyond the noise band on the same side may move it k times that.
-    rate_step: float = 0.005
-    rate_noise_band: float = 1.25  # samples within this factor of the estimate are noise
-    rate_warmup_samples: int = 5  # the fleet's first samples replace the prior (their mean)
-    min_sample_tokens: int = 128  # samples with less work are dominated by overhead: skipped
-    attention_tokens_per_pair: float = 2.5e-5  # linear-token equivalent of one attention pair
-    overhead_s: float = 0.015  # per-request constant (HTTP, tokenization, scheduling)
-    min_prefill_s: float = 0.005  # floor of a prefill: one forward pass, even on a full hit
-    kv_full_wait_s: float = 1.0  # admission wait when a whole cache's worth of KV is missing
-    evicted_reuse_fraction: float = 0.2  # share of evicted cached tokens recomputed later
+    rate_step: float = param(0.005, gt=0, le=1)
+    rate_noise_band: float = param(1.25, ge=1)  # samples within this factor are noise
+    rate_warmup_samples: int = param(5, ge=0)  # the fleet's first samples replace the prior
+    min_sample_tokens: int = param(128, ge=0)  # samples with less work are skipped (overhead)
+    attention_tokens_per_pair: float = param(2.5e-5, ge=0)  # linear tokens per attention pair
+    overhead_s: float = param(0.015, ge=0)  # per-request constant (HTTP, tokenizing, scheduling)
+    min_prefill_s: float = param(0.005, ge=0)  # floor of a prefill: one forward pass
+    kv_full_wait_s: float = param(1.0, ge=0)  # admission wait when a cache's worth is missing
+    evicted_reuse_fraction: float = param(0.2, ge=0)  # share of evicted tokens recomputed later
     # evicted hot tokens (reused recently on that backend) cost this x their prefill time
-    evicted_hot_factor: float = 2.0
+    evicted_hot_factor: float = param(2.0, ge=0)
     # A request leaves the holder of its prefix only when the other backend's estimate plus
     # ``divert_recompute_share`` x the recompute the move causes there is lower than the
     # holder's by max(divert_margin_s, divert_margin_fraction x holder's estimate)
     # (``diversion_margin_s``), if the holder's hit is at least ``divert_min_cached_share``
     # of the prompt (else the request is mostly new: placed on cost alone, like a cold
     # one). core/policy/prefix.py says why these defaults.
-    divert_margin_s: float = 0.05
-    divert_margin_fraction: float = 0.2
-    divert_recompute_share: float = 1.0
-    divert_min_cached_share: float = 0.5
+    divert_margin_s: float = param(0.05, ge=0)
+    divert_margin_fraction: float = param(0.2, ge=0, le=1)
+    divert_recompute_share: float = param(1.0, ge=0, le=2)
+    divert_min_cached_share: float = param(0.5, ge=0, le=1)
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            if not getattr(self, f.name) >= 0:
-                raise ValueError(f"cost.{f.name}: must be >= 0, got {getattr(self, f.name)}")
-        if not 0 < self.min_prefill_tokens_per_s <= self.max_prefill_tokens_per_s:
-            raise ValueError("cost.min_prefill_tokens_per_s: must be in (0, max]")
+        check_ranges(self, self.SECTION)
+        if not self.min_prefill_tokens_per_s <= self.max_prefill_tokens_per_s:
+            raise ConfigError("cost.min_prefill_tokens_per_s", "must be <= the max")
         lo, hi = self.min_prefill_tokens_per_s, self.max_prefill_tokens_per_s
         if not lo <= self.prior_prefill_tokens_per_s <= hi:
-            raise ValueError("cost.prior_prefill_tokens_per_s: must lie in [min, max]")
-        if not 0 < self.rate_ewma_alpha <= 1:
-            raise ValueError("cost.rate_ewma_alpha: must be in (0, 1]")
-        if self.max_sample_ratio < 1:
-            raise ValueError("cost.max_sample_ratio: must be >= 1")
-        if not 0 < self.rate_step <= 1:
-            raise ValueError("cost.rate_step: must be in (0, 1]")
-        if self.rate_noise_band < 1:
-            raise ValueError("cost.rate_noise_band: must be >= 1")
-        if not self.divert_margin_fraction <= 1:
-            raise ValueError("cost.divert_margin_fraction: must be in [0, 1]")
-        if not self.divert_min_cached_share <= 1:
-            raise ValueError("cost.divert_min_cached_share: must be in [0, 1]")
-        if not self.divert_recompute_share <= 2:
-            raise ValueError("cost.divert_recompute_share: must be in [0, 2]")
+            raise ConfigError("cost.prior_prefill_tokens_per_s", "must lie in [min, max]")
 
 
 def work_tokens(uncached_tokens: int, cached_tokens: int, config: CostConfig) -> float:

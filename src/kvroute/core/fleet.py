@@ -34,7 +34,7 @@ from random import Random
 
 from kvroute.core.backend import Backend
 from kvroute.core.calibration import TextCalibration, key_block_tokens
-from kvroute.core.config import FleetConfig
+from kvroute.core.config import FleetConfig, KeyKind
 from kvroute.core.cost import PrefillRate
 from kvroute.core.fleet_engines import EngineReportsMixin
 from kvroute.core.fleet_kv import KvEventsMixin
@@ -181,7 +181,7 @@ class Fleet(KvEventsMixin, EngineReportsMixin):
         """Block size the keys of ``model`` are cut to: the most common among eligible backends."""
         return self._served.block_size(model)
 
-    def key_kind_for(self, model: str | None) -> str:
+    def key_kind_for(self, model: str | None) -> KeyKind:
         """ "tokens" when ``model``'s requests need token keys (token_block_hashes over the
         engine's token ids), else "text" (prompt_block_hashes); the proxy asks per request."""
         return self._served.key_kind(model)

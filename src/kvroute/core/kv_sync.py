@@ -52,8 +52,6 @@ from kvroute.common.kv_events import (
 from kvroute.core.event_model import EventCacheModel
 from kvroute.core.index import LruCacheModel, PrefixIndex
 
-MODES = ("approximate", "exact", "auto")
-
 
 class KvOutcome(enum.Enum):
     """What ``apply_batch`` did with one batch."""

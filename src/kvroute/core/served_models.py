@@ -18,6 +18,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 
 from kvroute.core.backend import Backend
+from kvroute.core.config import KeyKind, Mode
 from kvroute.core.kv_sync import ExactSync
 from kvroute.core.load_order import Group, GroupKey
 
@@ -38,7 +39,7 @@ class ServedModels:
         # caches keyed by cache_key: listed models, None and UNLISTED only
         self.model_to_eligible: dict[Group | None, tuple[str, ...]] = {}
         self.model_to_block_size: dict[Group | None, int] = {}
-        self.model_to_key_kind: dict[Group | None, str] = {}
+        self.model_to_key_kind: dict[Group | None, KeyKind] = {}
 
     def count(self, models: Iterable[str], delta: int) -> None:
         """A backend listing ``models`` came (``delta`` 1) or went (-1)."""
@@ -87,7 +88,7 @@ class ServedModels:
         self.model_to_block_size[key] = size
         return size
 
-    def key_kind(self, model: str | None) -> str:
+    def key_kind(self, model: str | None) -> KeyKind:
         """ "tokens" when ``model``'s requests need token keys (token_block_hashes over the
         engine's token ids): always in exact mode, in auto mode while one of its backends
         is exact; else "text" (prompt_block_hashes)."""
@@ -96,7 +97,8 @@ class ServedModels:
         if kind is None:
             mode = self._mode
             synced = any(self._sync.is_exact(u) for u in self.eligible(model))
-            kind = "tokens" if mode == "exact" or (mode == "auto" and synced) else "text"
+            tokens = mode == Mode.EXACT or (mode == Mode.AUTO and synced)
+            kind = KeyKind.TOKENS if tokens else KeyKind.TEXT
             self.model_to_key_kind[key] = kind
         return kind
 
