@@ -10,14 +10,16 @@ changes only inside ``choose`` or through the named hooks below.
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+import enum
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from random import Random
-from typing import Protocol
+from typing import Any, ClassVar, Protocol
 
 import xxhash
 
 from kvroute.core.cost import CostConfig
+from kvroute.core.params import build
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,12 +36,26 @@ class RouteRequest:
     session: str | None = None
 
 
+class Reason(enum.StrEnum):
+    """Why a decision chose its backend (the ``x-kvroute-decision`` header, the
+    ``reason`` label of ``kvroute_requests_total``)."""
+
+    PREFIX = "prefix"  # the cheapest holder of the deepest cached prefix
+    SESSION = "session"  # the session's last backend, holding the deepest prefix too
+    LOAD = "load"  # less loaded (diverted from a holder, or a load-only policy)
+    COLD = "cold"  # no holder: the cheapest candidate
+    HASH = "hash"  # the prefix's place on the consistent-hash ring
+    ROUND_ROBIN = "round_robin"
+    RANDOM = "random"
+    RETRY = "retry"  # a retry walking the ranking (``Decision.moved_to``)
+
+
 @dataclass(frozen=True, slots=True)
 class Decision:
     """Where a request goes and why; ``ranked`` lets a retry move on without deciding again."""
 
     backend: str  # URL of the chosen backend
-    reason: str  # "prefix" | "load" | "cold" | "hash" | "round_robin" | "random" | ...
+    reason: Reason  # why (a plain string from a peer worker's message compares equal)
     predicted_cached_tokens: int  # prefix-cache hit the router expects on `backend`, tokens
     ranked: tuple[str, ...]  # best first; ranked[0] == backend; retries walk it
     ttft_estimate_s: float | None = None  # the cost model's TTFT estimate on `backend`
@@ -48,7 +64,7 @@ class Decision:
         if not self.ranked or self.ranked[0] != self.backend:
             raise ValueError("Decision.ranked must start with Decision.backend")
 
-    def moved_to(self, url: str, reason: str = "retry") -> Decision:
+    def moved_to(self, url: str, reason: Reason = Reason.RETRY) -> Decision:
         """The same decision re-aimed at ``url`` (a retry): ``url`` first, then the rest.
 
         The proxy's retries walk ``ranked`` with it. ``Fleet.dispatch`` recomputes the
@@ -124,10 +140,27 @@ class FleetView(Protocol):
     def cost(self) -> CostConfig: ...  # the cost model's knobs (the diversion margin)
 
 
-class Policy(abc.ABC):
-    """A routing policy. Subclasses set ``name`` and implement ``choose``."""
+@dataclass(frozen=True, slots=True)
+class NoParams:
+    """The parameters of a policy that has none."""
 
-    name: str = "abstract"
+
+class Policy(abc.ABC):
+    """A routing policy. Subclasses set ``name`` and implement ``choose``.
+
+    A policy with knobs declares them as a frozen dataclass ``Params`` (types, defaults
+    and ranges, core/params.py) and takes an instance in its constructor; its factory,
+    ``parse_params``, reads them from a plain mapping (the YAML section
+    ``policies.<name>``, ``--policy-arg KEY=VALUE``), as llm-d's plugins parse their own.
+    """
+
+    name: ClassVar[str] = "abstract"
+    Params: ClassVar[type[Any]] = NoParams
+
+    @classmethod
+    def parse_params(cls, raw: Mapping[str, object] | None, path: str) -> Any:
+        """This policy's ``Params`` from ``raw``; ConfigError names the key under ``path``."""
+        return build(cls.Params, raw, path)
 
     @abc.abstractmethod
     def choose(self, request: RouteRequest, view: FleetView, now: float) -> Decision | None:
@@ -150,7 +183,7 @@ class SeededPolicy(Policy):
     """A policy that draws random numbers: from its own generator if given (tests,
     reproducible runs), else from the fleet's (``view.rng``)."""
 
-    def __init__(self, rng: Random | None = None) -> None:
+    def __init__(self, params: NoParams | None = None, *, rng: Random | None = None) -> None:
         self._rng = rng
 
     def rng_for(self, view: FleetView) -> Random:

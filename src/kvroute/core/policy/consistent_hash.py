@@ -4,17 +4,34 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
 
 import xxhash
 
+from kvroute.core.params import check_ranges, param
 from kvroute.core.policy.base import (
     Decision,
     FleetView,
     Policy,
+    Reason,
     RouteRequest,
     request_key,
     rest_by_load,
 )
+
+
+@dataclass(frozen=True, slots=True)
+class ConsistentHashParams:
+    """The consistent-hash policy's knobs (YAML ``policies.consistent_hash``)."""
+
+    SECTION: ClassVar[str] = "consistent_hash"
+
+    epsilon: float = param(0.25, ge=0)  # load bound: (1 + epsilon) x the fleet mean
+    virtual_nodes: int = param(64, ge=1)  # ring points per backend of weight 1
+
+    def __post_init__(self) -> None:
+        check_ranges(self, self.SECTION)
 
 
 class ConsistentHashPolicy(Policy):
@@ -28,16 +45,17 @@ class ConsistentHashPolicy(Policy):
     agree without talking. When it loses: the first block is a coarse key (one hot system
     prompt is one point), and it never weighs a deeper cache hit elsewhere against load;
     unbounded variants thrash a saturated engine's cache, which the bound prevents.
-    Inputs: load, the eligible list. Knobs: ``epsilon`` (0.25), ``virtual_nodes`` (64).
+    Inputs: load, the eligible list. Knobs (``ConsistentHashParams``): ``epsilon`` (0.25),
+    ``virtual_nodes`` (64).
     """
 
     name = "consistent_hash"
+    Params = ConsistentHashParams
 
-    def __init__(self, *, epsilon: float = 0.25, virtual_nodes: int = 64) -> None:
-        if epsilon < 0 or virtual_nodes < 1:
-            raise ValueError("consistent_hash: epsilon must be >= 0 and virtual_nodes >= 1")
-        self.epsilon = epsilon
-        self.virtual_nodes = virtual_nodes
+    def __init__(self, params: ConsistentHashParams | None = None) -> None:
+        params = params or ConsistentHashParams()
+        self.epsilon = params.epsilon
+        self.virtual_nodes = params.virtual_nodes
         self._ring_source: Sequence[str] = ()  # candidate tuple the ring was built from
         self._points: list[int] = []  # sorted ring positions
         self._owners: list[str] = []  # backend of each position
@@ -75,8 +93,8 @@ class ConsistentHashPolicy(Policy):
             seen[url] = None
             load = view.load(url)
             if load.in_flight_tokens / load.weight <= bound:
-                return Decision(url, "hash", 0, rest_by_load(view, [url]))
+                return Decision(url, Reason.HASH, 0, rest_by_load(view, [url]))
             if len(seen) >= len(candidates):
                 break
         url = order[0] if order else candidates[0]
-        return Decision(url, "load", 0, rest_by_load(view, [url]))
+        return Decision(url, Reason.LOAD, 0, rest_by_load(view, [url]))

@@ -2,14 +2,32 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
+from kvroute.core.params import check_ranges, param
 from kvroute.core.policy.base import (
     Decision,
     FleetView,
     Policy,
+    Reason,
     RouteRequest,
     rendezvous_order,
     request_key,
 )
+
+
+@dataclass(frozen=True, slots=True)
+class LeastLoadParams:
+    """The least-load policy's knobs (YAML ``policies.least_load``)."""
+
+    SECTION: ClassVar[str] = "least_load"
+
+    max_ties: int = param(64, ge=1)  # tied backends the rendezvous hash chooses among
+    ranked_limit: int = param(8, ge=1)  # backends in Decision.ranked (retries walk it)
+
+    def __post_init__(self) -> None:
+        check_ranges(self, self.SECTION)
 
 
 class LeastLoadPolicy(Policy):
@@ -20,17 +38,17 @@ class LeastLoadPolicy(Policy):
     the engines' gauges); among those tied with the minimum (at most ``max_ties``), the
     rendezvous hash of the request's first block decides, so independent routers agree
     and equal prompts tend to meet. When it loses: it ignores caches, so a shared prefix
-    is recomputed wherever the load sends it. Inputs: load. Knobs: ``max_ties`` (64),
-    ``ranked_limit`` (8).
+    is recomputed wherever the load sends it. Inputs: load. Knobs (``LeastLoadParams``):
+    ``max_ties`` (64), ``ranked_limit`` (8).
     """
 
     name = "least_load"
+    Params = LeastLoadParams
 
-    def __init__(self, *, max_ties: int = 64, ranked_limit: int = 8) -> None:
-        if max_ties < 1 or ranked_limit < 1:
-            raise ValueError("least_load: max_ties and ranked_limit must be >= 1")
-        self.max_ties = max_ties
-        self.ranked_limit = ranked_limit
+    def __init__(self, params: LeastLoadParams | None = None) -> None:
+        params = params or LeastLoadParams()
+        self.max_ties = params.max_ties
+        self.ranked_limit = params.ranked_limit
 
     def choose(self, request: RouteRequest, view: FleetView, now: float) -> Decision | None:
         urls = view.least_loaded(max(self.max_ties, self.ranked_limit))
@@ -45,4 +63,4 @@ class LeastLoadPolicy(Policy):
         ties = [u for u in urls if per_weight(u) == lowest]
         rest = [u for u in urls if per_weight(u) != lowest]
         ranked = (rendezvous_order(request_key(request), ties) + rest)[: self.ranked_limit]
-        return Decision(ranked[0], "load", 0, tuple(ranked))
+        return Decision(ranked[0], Reason.LOAD, 0, tuple(ranked))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from kvroute.core.policy.base import (
     Decision,
     FleetView,
+    Reason,
     RouteRequest,
     SeededPolicy,
     rendezvous_score,
@@ -39,4 +40,4 @@ class PowerOfTwoPolicy(SeededPolicy):
             return (load.in_flight_tokens / load.weight, -rendezvous_score(key, url))
 
         picks.sort(key=rank)
-        return Decision(picks[0], "load", 0, rest_by_load(view, picks))
+        return Decision(picks[0], Reason.LOAD, 0, rest_by_load(view, picks))

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 from kvroute.core.cost import diversion_margin_s
+from kvroute.core.params import check_ranges, param
 from kvroute.core.policy.base import (
     Decision,
     FleetView,
     Policy,
+    Reason,
     RouteRequest,
     cached_tokens_for,
     rendezvous_score,
@@ -14,6 +19,21 @@ from kvroute.core.policy.base import (
 )
 
 Scored = tuple[float, int, str, int]  # (TTFT estimate s, -rendezvous score, url, cached tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixParams:
+    """The prefix policy's knobs (YAML ``policies.prefix``; the margin's are ``fleet.cost``)."""
+
+    SECTION: ClassVar[str] = "prefix"
+
+    num_least_loaded: int = param(3, ge=1)  # least-loaded backends added as candidates
+    max_holders: int = param(4, ge=1)  # holders of the deepest match considered
+    num_hashed: int = param(2, ge=0)  # "homes" hashed from the first uncached block
+    ranked_limit: int = param(8, ge=1)  # backends in Decision.ranked (retries walk it)
+
+    def __post_init__(self) -> None:
+        check_ranges(self, self.SECTION)
 
 
 class PrefixPolicy(Policy):
@@ -76,28 +96,19 @@ class PrefixPolicy(Policy):
     long cold prompts, since it decides per request and never delays one.
 
     Inputs: index (holders, match depth), load (queued prefill tokens), cost (rates, the
-    backends' working sets, the margin's knobs in ``CostConfig``). Knobs:
+    backends' working sets, the margin's knobs in ``CostConfig``). Knobs (``PrefixParams``):
     ``num_least_loaded`` (3), ``max_holders`` (4), ``num_hashed`` (2), ``ranked_limit`` (8).
     """
 
     name = "prefix"
+    Params = PrefixParams
 
-    def __init__(
-        self,
-        *,
-        num_least_loaded: int = 3,
-        max_holders: int = 4,
-        num_hashed: int = 2,
-        ranked_limit: int = 8,
-    ) -> None:
-        if num_least_loaded < 1 or max_holders < 1 or ranked_limit < 1 or num_hashed < 0:
-            raise ValueError(
-                "prefix: num_least_loaded, max_holders, ranked_limit must be >= 1, num_hashed >= 0"
-            )
-        self.num_least_loaded = num_least_loaded
-        self.max_holders = max_holders
-        self.num_hashed = num_hashed
-        self.ranked_limit = ranked_limit
+    def __init__(self, params: PrefixParams | None = None) -> None:
+        params = params or PrefixParams()
+        self.num_least_loaded = params.num_least_loaded
+        self.max_holders = params.max_holders
+        self.num_hashed = params.num_hashed
+        self.ranked_limit = params.ranked_limit
 
     def choose(self, request: RouteRequest, view: FleetView, now: float) -> Decision | None:
         hashes = request.block_hashes
@@ -119,15 +130,15 @@ class PrefixPolicy(Policy):
             ttft_s = view.estimate_ttft_s(url, request, cached)
             scored.append((round(ttft_s, 9), -rendezvous_score(tie_key, url), url, cached))
         scored.sort()
-        best, reason = scored[0], "cold"
+        best, reason = scored[0], Reason.COLD
         if deepest:
             best = next(s for s in scored if url_to_depth[s[2]] == deepest)
-            home_reason = "prefix"
+            home_reason = Reason.PREFIX
             if session_url not in (None, best[2]) and url_to_depth[session_url] == deepest:
                 best = next(s for s in scored if s[2] == session_url)  # a tie it breaks
-                home_reason = "session"
+                home_reason = Reason.SESSION
             diverted = self._diversion(request, view, best, scored, url_to_depth)
-            best, reason = (best, home_reason) if diverted is None else (diverted, "load")
+            best, reason = (best, home_reason) if diverted is None else (diverted, Reason.LOAD)
         ttft_s, _, url, cached = best
         first = [url, *(s[2] for s in scored if s[2] != url)]
         return Decision(url, reason, cached, rest_by_load(view, first, self.ranked_limit), ttft_s)

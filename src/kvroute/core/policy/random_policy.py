@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from kvroute.core.policy.base import Decision, FleetView, RouteRequest, SeededPolicy, rest_by_load
+from kvroute.core.policy.base import (
+    Decision,
+    FleetView,
+    Reason,
+    RouteRequest,
+    SeededPolicy,
+    rest_by_load,
+)
 
 
 class RandomPolicy(SeededPolicy):
@@ -22,4 +29,4 @@ class RandomPolicy(SeededPolicy):
             return None
         rng = self.rng_for(view)
         url = candidates[rng.randrange(len(candidates))]
-        return Decision(url, "random", 0, rest_by_load(view, [url]))
+        return Decision(url, Reason.RANDOM, 0, rest_by_load(view, [url]))

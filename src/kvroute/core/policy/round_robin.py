@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvroute.core.policy.base import Decision, FleetView, Policy, RouteRequest
+from kvroute.core.policy.base import Decision, FleetView, NoParams, Policy, Reason, RouteRequest
 
 RANKED_LIMIT = 8  # backends listed in Decision.ranked for retries
 
@@ -18,7 +18,7 @@ class RoundRobinPolicy(Policy):
 
     name = "round_robin"
 
-    def __init__(self) -> None:
+    def __init__(self, params: NoParams | None = None) -> None:
         self._cursor = 0  # requests routed so far
 
     def choose(self, request: RouteRequest, view: FleetView, now: float) -> Decision | None:
@@ -29,4 +29,4 @@ class RoundRobinPolicy(Policy):
         start = self._cursor % n
         self._cursor += 1
         ranked = tuple(candidates[(start + i) % n] for i in range(min(n, RANKED_LIMIT)))
-        return Decision(ranked[0], "round_robin", 0, ranked)
+        return Decision(ranked[0], Reason.ROUND_ROBIN, 0, ranked)
