@@ -142,7 +142,7 @@ def test_each_policy_parses_its_own_parameters() -> None:
     assert make_policy("consistent_hash", {"epsilon": 0.5}).epsilon == 0.5  # type: ignore[attr-defined]
     with pytest.raises(ConfigError, match=r"^policies\.prefix\.max_holders: must be >= 1"):
         make_policy("prefix", max_holders=0)
-    with pytest.raises(ConfigError, match=r"^policies\.round_robin\.x: unknown key; none known"):
+    with pytest.raises(ConfigError, match=r"^policies\.round_robin\.x: unknown key; there are"):
         make_policy("round_robin", {"x": 1})
     with pytest.raises(ConfigError, match=r"^policy: unknown policy 'fastest'; known: "):
         make_policy("fastest")

@@ -44,10 +44,10 @@ def test_yaml_backends_carry_kv_endpoints_and_mode_defaults_to_auto() -> None:
 @pytest.mark.parametrize(
     ("raw", "field"),
     [
-        ({"backends": [{"url": A, "kv_events": "http://x:1"}]}, "backend.kv_events"),
-        ({"backends": [{"url": A, "kv_replay": "tcp://h:1"}]}, "backend.kv_replay"),
+        ({"backends": [{"url": A, "kv_events": "http://x:1"}]}, r"backends\[0\]\.kv_events"),
+        ({"backends": [{"url": A, "kv_replay": "tcp://h:1"}]}, r"backends\[0\]\.kv_replay"),
         ({"backends": [A], "mode": "magic"}, "mode"),
-        ({"backends": [A], "speculative_ttl_s": -1}, "speculative_ttl_s"),
+        ({"backends": [A], "fleet": {"speculative_ttl_s": -1}}, r"fleet\.speculative_ttl_s"),
         ({"backends": [A], "tokenizers": ["x"]}, "tokenizers"),
     ],
     ids=["events-not-zmq", "replay-without-events", "unknown-mode", "negative-ttl", "list"],

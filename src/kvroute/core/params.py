@@ -135,7 +135,9 @@ def unknown_key(key: object, known: Sequence[str]) -> str:
     close = difflib.get_close_matches(str(key), known, n=1)
     if close:
         return f"unknown key; did you mean {close[0]!r}?"
-    return f"unknown key; known: {', '.join(known)}" if known else "unknown key; none known"
+    return (
+        f"unknown key; known: {', '.join(known)}" if known else "unknown key; there are none here"
+    )
 
 
 def build(cls: type[T], raw: object, path: str, *, given: Mapping[str, Any] | None = None) -> T:

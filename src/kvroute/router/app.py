@@ -26,7 +26,7 @@ from kvroute.core.token_keys import PromptTokenizer
 from kvroute.router import admin
 from kvroute.router.backends import Backends
 from kvroute.router.clients import ClientGate
-from kvroute.router.config import RouterConfig, SessionConfig, backend_public_id
+from kvroute.router.config import RouterConfig, backend_public_id
 from kvroute.router.errors import KvrouteError, error_bytes
 from kvroute.router.health import health_loop, make_probe_session, probe_all
 from kvroute.router.kv_subscriber import KvEventSubscriber
@@ -57,24 +57,12 @@ _HTTP_ERRORS = {
 _UNCOUNTED_PATHS = frozenset({"/health", "/metrics", "/"})
 
 
-def build_fleet(
-    policy: str,
-    *,
-    mode: str = "approximate",
-    speculative_ttl_s: float = 3.0,
-    sessions: SessionConfig | None = None,
-) -> Fleet:
-    """The core Fleet with the named policy (ValueError lists the known names) and mode."""
+def build_fleet(policy: str, params: object = None, config: FleetConfig | None = None) -> Fleet:
+    """The core Fleet with the named policy (ValueError lists the known names), its
+    parameters (None: defaults) and the Fleet's settings (``RouterConfig.fleet``)."""
     from kvroute.core.policy import make_policy
 
-    sessions = sessions or SessionConfig()
-    config = FleetConfig(
-        mode=mode,
-        speculative_ttl_s=speculative_ttl_s,
-        session_ttl_s=sessions.ttl_s,
-        session_max_entries=sessions.max_entries,
-    )
-    return Fleet(make_policy(policy), config)
+    return Fleet(make_policy(policy, params), config or FleetConfig())
 
 
 def build_kv_subscriber(
@@ -113,12 +101,7 @@ def make_app(
 ) -> web.Application:
     """The router app. ``session``: an upstream pool to use (else one is made and closed)."""
     if fleet is None:
-        fleet = build_fleet(
-            config.policy,
-            mode=config.resolved_mode,
-            speculative_ttl_s=config.speculative_ttl_s,
-            sessions=config.sessions,
-        )
+        fleet = build_fleet(config.policy, config.policy_params, config.fleet)
     metrics = RouterMetrics()
     backends = Backends(
         fleet,

@@ -15,7 +15,8 @@ import sys
 from dataclasses import replace
 
 from kvroute.router.app import make_app
-from kvroute.router.config import RouterConfig, load_config
+from kvroute.router.config import RouterConfig, load_config, parse_policy_args
+from kvroute.router.config_print import dump_config
 from kvroute.router.kv_flags import add_kv_arguments, kv_load_kwargs
 from kvroute.router.listener import ensure_fd_limit, start_listeners
 
@@ -32,6 +33,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
                    help="backend base URL (repeatable), e.g. http://127.0.0.1:8001")  # fmt: skip
     p.add_argument("--config", metavar="FILE", help="YAML config (backends, timeouts, keys...)")
     p.add_argument("--policy", help="routing policy (default from config, else 'prefix')")
+    p.add_argument("--policy-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="a parameter of the chosen policy (repeatable), e.g. max_holders=8; "
+                   "wins over the config's policies.<policy>.KEY; see --print-config")  # fmt: skip
+    p.add_argument("--print-config", action="store_true",
+                   help="print the effective configuration (YAML) and exit")  # fmt: skip
     p.add_argument("--host", help="listen address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="listen port (default 8000)")
     p.add_argument("--admin-key", help="bearer key of /admin/... (or env KVROUTE_ADMIN_KEY)")
@@ -129,7 +135,10 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
     if args.admin_allow:
         overrides["admin_allowed_backends"] = tuple(args.admin_allow)
     kv = kv_load_kwargs(args)
-    config = load_config(args.config, backends=args.backend, overrides=overrides, **kv)
+    policy_args = parse_policy_args(args.policy_arg)
+    config = load_config(
+        args.config, backends=args.backend, overrides=overrides, policy_args=policy_args, **kv
+    )
     config = _with_session_flags(config, args)
     server_flags = {
         name: getattr(args, name)
@@ -155,6 +164,9 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     try:
         config = config_from_args(args)
+        if args.print_config:
+            print(dump_config(config), end="")
+            return 0
         if not config.backends:
             raise ValueError("backends: give at least one --backend URL or a --config file")
         if args.workers != 1 or args.worker_port_base is not None:
