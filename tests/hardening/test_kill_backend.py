@@ -87,10 +87,17 @@ async def test_a_killed_backend_costs_only_the_streams_it_had_started(
         records = [r for r in bench.records if not r.warmup]
         failed = [r for r in records if not r.ok]
         assert len(records) == 60
-        # a failure is a stream the dead backend had started (the router answered 200 and
-        # relayed its first bytes); a request with no answer yet went to another backend
-        assert all(r.status == 200 and "mid-stream" in (r.error or "") for r in failed), failed
-        assert all(r.backend == victim_url for r in failed), "only the dead backend's streams"
+        # A failure is a request the dead backend had accepted: a stream it had started
+        # (the router answered 200 and relayed its first bytes), or one whose connection
+        # was reset before any byte of the answer, which the router answers with a 502
+        # rather than re-send a body the engine may have taken (issue 9's retry rule). A
+        # request that could not connect went to another backend. At most the 6 users'
+        # requests can have been in flight there.
+        cut = [r for r in failed if r.status == 200]
+        assert all("mid-stream" in (r.error or "") for r in cut), cut
+        assert all(r.backend == victim_url for r in cut), "only the dead backend's streams"
+        assert all(r.status == 502 for r in failed if r.status != 200), failed
+        assert len(failed) <= 6, failed
         assert proc.returncode is not None
         await until(lambda: state.num_in_flight == 0)
         assert_no_load(state)  # the dead backend's tickets were released too
