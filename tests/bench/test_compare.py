@@ -48,6 +48,19 @@ def test_parse_router_names(name, kind, policy):
     assert parse_router(name) == RouterSpec(name, kind, policy)
 
 
+def test_kvroute_policy_args_are_checked_and_passed_as_flags():
+    spec = parse_router("kvroute:prefix:max_holders=8:num_hashed=0")
+    assert (spec.policy, spec.policy_args) == ("prefix", ("max_holders=8", "num_hashed=0"))
+    cmd = router_command(spec, ["http://a:1"], 9)
+    assert [cmd[i + 1] for i, a in enumerate(cmd) if a == "--policy-arg"] == list(spec.policy_args)
+    with pytest.raises(ValueError, match=r"policies\.prefix\.max_holders: expected an integer"):
+        parse_router("kvroute:prefix:max_holders=x")
+    with pytest.raises(ValueError, match="policy: unknown policy 'fastest'"):
+        parse_router("kvroute:fastest")
+    with pytest.raises(ValueError, match="expected KEY=VALUE"):
+        parse_router("kvroute:least_load:max_ties")
+
+
 def test_kvroute_exact_subscribes_to_every_backends_events():
     spec = parse_router("kvroute-exact")
     assert (spec.kind, spec.policy, spec.mode) == ("kvroute", "prefix", "exact")

@@ -5,7 +5,8 @@ codellama-13b-a100-40g --routers round_robin,kvroute,sglang --duration 120 --spe
 
 Router names: round_robin, least_load, power_of_two, consistent_hash, random (kvroute's
 own policies), kvroute (the prefix policy), kvroute-exact (the same on the engines' KV
-events: the fleet publishes them, the router runs --mode exact), kvroute:<policy>,
+events: the fleet publishes them, the router runs --mode exact), kvroute:<policy> (its
+parameters as kvroute:<policy>:KEY=VALUE:..., e.g. kvroute:prefix:max_holders=8),
 sglang (sglang-router, cache_aware), vllm-router (cache_aware); the peers come with
 ``pip install '.[peers]'`` and are reported as skipped when missing.
 

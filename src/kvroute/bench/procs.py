@@ -50,22 +50,42 @@ class RouterSpec:
     kind: str  # "kvroute" or a peer name
     policy: str  # kvroute policy name, or the peer's policy
     mode: str | None = None  # kvroute's --mode; "exact" also makes the fleet publish KV events
+    policy_args: tuple[str, ...] = ()  # kvroute's --policy-arg KEY=VALUE, each
 
 
 def parse_router(name: str) -> RouterSpec:
-    """``round_robin`` | ``kvroute`` | ``kvroute-exact`` | ``kvroute:<policy>`` | peers."""
+    """``round_robin`` | ``kvroute`` | ``kvroute-exact`` | ``kvroute:<policy>`` | peers.
+
+    ``kvroute:<policy>:KEY=VALUE:...`` gives the policy parameters (``--policy-arg``),
+    checked here: ``kvroute:prefix:max_holders=8:num_hashed=0``.
+    """
     if name == "kvroute":
         return RouterSpec(name, "kvroute", "prefix")
     if name == "kvroute-exact":
         return RouterSpec(name, "kvroute", "prefix", mode="exact")
     if name.startswith("kvroute:"):
-        return RouterSpec(name, "kvroute", name.split(":", 1)[1])
+        policy, *args = name.split(":")[1:]
+        _check_policy_args(policy, args)
+        return RouterSpec(name, "kvroute", policy, policy_args=tuple(args))
     if name in KVROUTE_POLICIES:
         return RouterSpec(name, "kvroute", name)
     if name in PEERS:
         return RouterSpec(name, name, "cache_aware")
     known = ", ".join((*KVROUTE_POLICIES, "kvroute", "kvroute-exact", "kvroute:<policy>", *PEERS))
     raise ValueError(f"unknown router {name!r}; known: {known}")
+
+
+def _check_policy_args(policy: str, args: Sequence[str]) -> None:
+    """ValueError naming the key for an unknown policy or a bad KEY=VALUE of its own."""
+    from kvroute.core.params import parse_text
+    from kvroute.core.policy import policy_class
+
+    params = policy_class(policy).Params
+    for arg in args:
+        key, sep, value = arg.partition("=")
+        if not sep:
+            raise ValueError(f"kvroute:{policy}: expected KEY=VALUE, got {arg!r}")
+        parse_text(params, key, value, f"policies.{policy}")
 
 
 def free_port() -> int:
@@ -107,6 +127,8 @@ def router_command(
             cmd += ["--backend", url]
         if spec.mode is not None:
             cmd += ["--mode", spec.mode]
+        for arg in spec.policy_args:
+            cmd += ["--policy-arg", arg]
         for url, endpoint in zip(backends, kv_endpoints, strict=False):
             cmd += ["--kv-events", f"{url}={endpoint}"]
         return [*cmd, "--host", "127.0.0.1", "--port", str(port)]
