@@ -158,6 +158,10 @@ def build(cls: type[T], raw: object, path: str, *, given: Mapping[str, Any] | No
         if key not in known:
             raise ConfigError(join(path, str(key)), unknown_key(key, known))
         kwargs[key] = parse_value(hints[key], value, join(path, key))
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        if f.init and required and f.name not in kwargs:
+            raise ConfigError(join(path, f.name), "missing (required)")
     try:
         return cls(**kwargs)
     except ConfigError as exc:

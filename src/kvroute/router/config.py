@@ -201,14 +201,16 @@ def _backend(raw: Any, key: str) -> BackendConfig:
 
 def _client_key(raw: Any, key: str) -> ClientKey:
     check(isinstance(raw, Mapping), key, "expected a mapping with name and key")
-    return build(ClientKey, {**raw, "key": _secret(raw.get("key"), f"{key}.key")}, key)
+    if "key" in raw:
+        raw = {**raw, "key": _secret(raw["key"], f"{key}.key")}
+    return build(ClientKey, raw, key)
 
 
-def _proxy(raw: Any) -> IpNetwork:
+def _proxy(raw: Any, key: str) -> IpNetwork:
     try:
         return ipaddress.ip_network(str(raw), strict=False)
     except ValueError as exc:
-        raise ConfigError("trusted_proxies", str(exc)) from None
+        raise ConfigError(key, str(exc)) from None
 
 
 def _client_keys(raw: Any) -> tuple[ClientKey, ...]:
@@ -234,7 +236,8 @@ def config_from_mapping(raw: Mapping[str, Any]) -> RouterConfig:
         "backends": tuple(_backend(b, f"backends[{i}]") for i, b in enumerate(backends)),
         "client_keys": _client_keys(raw.pop("clients", None)),
         "trusted_proxies": tuple(
-            _proxy(p) for p in _items(raw.pop("trusted_proxies", None), "trusted_proxies")
+            _proxy(p, f"trusted_proxies[{i}]")
+            for i, p in enumerate(_items(raw.pop("trusted_proxies", None), "trusted_proxies"))
         ),
     }
     if "admin_key" in raw:
@@ -339,7 +342,7 @@ def load_config(
     raw = read_yaml(path) if path is not None else {}
     changes: dict[str, Any] = {k: v for k, v in (overrides or {}).items() if v is not None}
     if policy_args:
-        policy = changes.get("policy") or raw.get("policy") or DEFAULT_POLICY
+        policy = changes.get("policy") or _expand(raw.get("policy")) or DEFAULT_POLICY
         check(isinstance(policy, str), "policy", f"expected a string, got {policy!r}")
         _with_policy_args(raw, policy, policy_args)
     config = config_from_mapping(raw)
