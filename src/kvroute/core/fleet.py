@@ -116,7 +116,6 @@ class Fleet(KvEventsMixin, EngineReportsMixin):
         self._order.discard(url)
         self._served.invalidate()
         self.sessions.forget_backend(url)
-        self.policy.on_backend_removed(url)
 
     def set_models(self, url: str, models: Iterable[str]) -> None:
         b = self._get(url)
@@ -221,7 +220,7 @@ class Fleet(KvEventsMixin, EngineReportsMixin):
         """Commit to ``decision.backend``: count the load, record the prompt's blocks there.
 
         All or nothing: the ticket and the new means are computed before any counter
-        moves, and a hook that raises afterwards (index, policy, listener) has the
+        moves, and a hook that raises afterwards (index, listener) has the
         dispatch undone before the exception propagates.
         """
         b = self._get(decision.backend)
@@ -240,7 +239,6 @@ class Fleet(KvEventsMixin, EngineReportsMixin):
             if not self.sync.speculate(b.url, ticket.ticket_id, req.block_hashes, now):
                 self.index.insert(b.url, req.block_hashes)
             self._reorder(b)
-            self.policy.on_routed(decision, req, now)
             for listener in self.listeners:
                 listener.on_dispatch(ticket, decision, req, now)
                 told += 1
@@ -330,8 +328,6 @@ class Fleet(KvEventsMixin, EngineReportsMixin):
         # hooks last: one that raises cannot keep the load counted
         for listener in self.listeners:
             listener.on_finish(ticket, now, ok)
-        if b is not None:
-            self.policy.on_finished(b.url, ticket.request_id, now, ok)
 
     def _live(self, ticket: Ticket) -> Backend | None:
         b = self._backends.get(ticket.url)

@@ -4,7 +4,8 @@ A policy is one small class with one method, ``choose(request, view, now)``. It 
 fleet through a ``FleetView`` (eligible backends, load, prefix matches, TTFT estimates)
 and never mutates the index or the load counters: ``Fleet.dispatch`` does that once the
 caller commits to the decision. State a policy keeps of its own (a round-robin cursor)
-changes only inside ``choose`` or through the named hooks below.
+changes only inside ``choose``: what a policy needs to know of the fleet's past (holders,
+load, rates, sessions) the Fleet keeps and the view offers.
 """
 
 from __future__ import annotations
@@ -165,18 +166,6 @@ class Policy(abc.ABC):
     @abc.abstractmethod
     def choose(self, request: RouteRequest, view: FleetView, now: float) -> Decision | None:
         """The decision for ``request``, or None when the view has no candidate."""
-
-    def on_routed(self, decision: Decision, request: RouteRequest, now: float) -> None:
-        """Hook: the caller dispatched ``decision``. Default: nothing."""
-        return None
-
-    def on_finished(self, url: str, request_id: str, now: float, ok: bool) -> None:
-        """Hook: a request on ``url`` ended. Default: nothing."""
-        return None
-
-    def on_backend_removed(self, url: str) -> None:
-        """Hook: ``url`` left the fleet; drop any state about it. Default: nothing."""
-        return None
 
 
 class SeededPolicy(Policy):
