@@ -157,9 +157,11 @@ def test_a_new_prompt_prefers_spare_capacity_then_leftovers_over_hot_prefixes():
     fleet.check_invariants()
 
 
-def test_counting_every_eviction_alike_sent_the_new_prompt_to_the_hot_backend():
-    # The rule before: hot blocks cost what any evicted block does (the reuse fraction),
-    # so the idle hot backend won the new prompt on 20 ms of queue, and thrashed.
+def test_a_new_prompt_spares_the_hot_backend_even_when_evictions_are_priced_alike():
+    # Hot blocks priced as any evicted block (the reuse fraction): the cost alone once
+    # sent the new prompt to the idle hot backend on 20 ms of queue, and it thrashed.
+    # A cold prompt now goes where it evicts no reused blocks whenever such a candidate
+    # is within the margin, whatever the prices.
     config = FleetConfig(
         default_block_size=BS,
         default_capacity_blocks=CAPACITY,
@@ -170,7 +172,7 @@ def test_counting_every_eviction_alike_sent_the_new_prompt_to_the_hot_backend():
         fleet.add_backend(url(i))
     now = _fill(fleet, url(0), url(1))
     _queue(fleet, url(1), 0.02, now)
-    assert fleet.route(req("new", chain((77, PREFIX), (78, 1))), now).backend == url(0)
+    assert fleet.route(req("new", chain((77, PREFIX), (78, 1))), now).backend == url(1)
 
 
 def test_exact_mode_prefers_leftovers_over_hot_prefixes_too():

@@ -46,6 +46,7 @@ from kvroute.core.load_order import LoadOrder
 from kvroute.core.policy.base import Decision, Policy, RouteRequest, cached_tokens_for
 from kvroute.core.served_models import ServedModels
 from kvroute.core.sessions import SessionTable, session_key
+from kvroute.core.turnover import CacheTurnover
 from kvroute.core.view import RequestView
 
 
@@ -85,6 +86,7 @@ class Fleet(KvEventsMixin, EngineReportsMixin):
         self.calibration = TextCalibration()  # bytes of text per token, per model
         # session key (per model) -> backend of its last dispatch (core/sessions.py)
         self.sessions = SessionTable(self.config.session_ttl_s, self.config.session_max_entries)
+        self.turnover = CacheTurnover()  # how fast each cache churns (cold placement)
 
     # -- membership --------------------------------------------------------------------
 
@@ -116,6 +118,7 @@ class Fleet(KvEventsMixin, EngineReportsMixin):
         self._order.discard(url)
         self._served.invalidate()
         self.sessions.forget_backend(url)
+        self.turnover.forget(url)
 
     def set_models(self, url: str, models: Iterable[str]) -> None:
         b = self._get(url)
@@ -203,6 +206,7 @@ class Fleet(KvEventsMixin, EngineReportsMixin):
             order=self._order,
             index=self.index,
             sessions=self.sessions,
+            turnover=self.turnover,
             eligible=self._served.eligible(req.model),
             model=req.model,
             exclude=frozenset(exclude),
@@ -247,6 +251,10 @@ class Fleet(KvEventsMixin, EngineReportsMixin):
             b.learn_reuse(req.block_hashes, num_held, window, share)
             if req.session is not None:  # last: a hook that raised leaves the session as it was
                 self.sessions.put(session_key(req.model, req.session), b.url, now)
+            capacity = (b.num_gpu_blocks or self.config.default_capacity_blocks) * (
+                b.block_size or self.config.default_block_size
+            )
+            self.turnover.add(b.url, ticket.uncached_tokens, capacity, len(self._backends))
         except BaseException:
             self._undo_dispatch(b, ticket, means_before, now, told)
             raise

@@ -27,6 +27,7 @@ from kvroute.core.index import PrefixIndex
 from kvroute.core.load_order import LoadOrder
 from kvroute.core.policy.base import LoadView, RouteRequest
 from kvroute.core.sessions import SessionTable, session_key
+from kvroute.core.turnover import CacheTurnover
 
 
 class RequestView:
@@ -47,6 +48,7 @@ class RequestView:
         "_now",
         "_order",
         "_sessions",
+        "_turnover",
         "block_size",
         "cost",
         "rng",
@@ -59,6 +61,7 @@ class RequestView:
         order: LoadOrder,
         index: PrefixIndex,
         sessions: SessionTable,
+        turnover: CacheTurnover,
         eligible: tuple[str, ...],
         model: str | None,
         exclude: frozenset[str],
@@ -72,6 +75,7 @@ class RequestView:
         self._order = order
         self._index = index
         self._sessions = sessions
+        self._turnover = turnover
         self._eligible = eligible
         self._model = model
         self._exclude = exclude
@@ -163,12 +167,20 @@ class RequestView:
         url = self._sessions.get(session_key(self._model, session), self._now)
         return url if url is not None and self._ok(url) else None
 
-    def estimate_ttft_s(self, url: str, request: RouteRequest, cached_tokens: int) -> float:
-        b = self._get(url)
+    def cache_turnover(self, url: str) -> float:
+        return self._turnover.of(url)
+
+    def evictions(self, url: str, request: RouteRequest, cached_tokens: int) -> tuple[int, int]:
+        evicted, hot, _ = self._evictions(self._get(url), url, request, cached_tokens)
+        return evicted, hot
+
+    def _evictions(
+        self, b: Backend, url: str, request: RouteRequest, cached_tokens: int
+    ) -> tuple[int, int, int]:
+        """(blocks ``request`` evicts on ``url``, how many of them are hot, key-block tokens)."""
         bs = key_block_tokens(b.block_size or self._default_block_size, self._bytes_per_token)
         model = self._index.url_to_model[url]
         held, capacity = len(model), model.capacity_blocks
-        capacity_tokens = capacity * bs
         # Blocks this request adds to the cache push out as many held ones once it is full.
         new_blocks = max(0, request.num_prompt_tokens - cached_tokens) // bs
         evicted = evicted_blocks(held, capacity, new_blocks)
@@ -178,6 +190,16 @@ class RequestView:
             keys = request.block_hashes
             joining = max(0, min(len(keys), capacity) - ws.num_hot_leading(keys))
             hot = evicted_hot_blocks(evicted, ws.num_hot, joining, capacity)
+        return evicted, hot, bs
+
+    def estimate_ttft_s(
+        self, url: str, request: RouteRequest, cached_tokens: int, *, evictions: bool = True
+    ) -> float:
+        b = self._get(url)
+        evicted, hot, bs = self._evictions(b, url, request, cached_tokens)
+        if not evictions:
+            evicted = hot = 0
+        capacity_tokens = self._index.url_to_model[url].capacity_blocks * bs
         queued = b.load.queued_prefill_tokens
         return estimate_ttft_s(
             num_prompt_tokens=request.num_prompt_tokens,

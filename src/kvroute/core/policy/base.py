@@ -130,8 +130,21 @@ class FleetView(Protocol):
         the session TTL, if this call may choose it (``is_eligible``); else None."""
         ...
 
-    def estimate_ttft_s(self, url: str, request: RouteRequest, cached_tokens: int) -> float:
-        """Cost model: estimated TTFT of ``request`` on ``url`` given ``cached_tokens`` hit."""
+    def estimate_ttft_s(
+        self, url: str, request: RouteRequest, cached_tokens: int, *, evictions: bool = True
+    ) -> float:
+        """Cost model: estimated TTFT of ``request`` on ``url`` given ``cached_tokens`` hit;
+        ``evictions=False`` leaves out the recompute its evictions cause later (its own
+        latency only)."""
+        ...
+
+    def evictions(self, url: str, request: RouteRequest, cached_tokens: int) -> tuple[int, int]:
+        """(cached blocks ``request``'s new blocks would push out of ``url``'s cache, how
+        many of them belong to its working set of reused blocks: core/working_set.py)."""
+        ...
+
+    def cache_turnover(self, url: str) -> float:
+        """How fast ``url``'s cache turns over lately (core/turnover.py), >= 0."""
         ...
 
     @property
