@@ -298,3 +298,22 @@ def test_sigterm_during_a_run_tears_the_fleet_down(tmp_path):
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=30)
     assert not [pid for pid in children if _alive(pid)]
+
+
+def test_rate_runs_an_open_loop_and_excludes_concurrency(tmp_path, capsys):
+    from kvroute.bench.compare import build_load, build_workload
+    from kvroute.bench.compare_cli import config_from_args
+    from kvroute.cli import build_parser
+
+    parser = build_parser()
+    args = parser.parse_args(
+        ["compare", "--workload", "b2b", "--routers", "kvroute", "--rate", "2.5",
+         "--duration", "30"]
+    )  # fmt: skip
+    config = config_from_args(args, tmp_path)
+    load = build_load(config, build_workload(config))
+    assert load.mode == "open" and load.rates == (2.5 * config.speedup,)
+    with pytest.raises(SystemExit) as exc:
+        parser.parse_args(["compare", "--workload", "gsp", "--rate", "2", "--concurrency", "4"])
+    assert exc.value.code == 2
+    assert "not allowed with argument" in capsys.readouterr().err

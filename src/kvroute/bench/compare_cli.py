@@ -74,7 +74,13 @@ def add_run_options(p: argparse.ArgumentParser, *, out_help: str) -> None:
         metavar="KEY=VALUE",
         help="override a workload parameter (repeatable)",
     )
-    p.add_argument("--concurrency", type=int, help="closed loop with N users")
+    shape = p.add_mutually_exclusive_group()
+    shape.add_argument("--concurrency", type=int, help="closed loop with N users")
+    shape.add_argument(
+        "--rate",
+        type=float,
+        help="open loop: R requests (sessions) per second of engine time, Poisson",
+    )
     p.add_argument("--think-time", type=_pair, help="closed loop think time A,B (engine s)")
     bound = p.add_mutually_exclusive_group()
     bound.add_argument("--duration", type=float, help="wall seconds of measured sending")
@@ -135,6 +141,8 @@ def config_from_args(args: argparse.Namespace, out: Path) -> CompareConfig:
     load: dict[str, Any] = {}
     if args.concurrency is not None:
         load.update(mode="closed", num_users=args.concurrency)
+    if getattr(args, "rate", None) is not None:
+        load.update(mode="open", rates=(args.rate,))
     if args.think_time is not None:
         load["think_time_s"] = args.think_time
     if args.duration is not None:
