@@ -25,7 +25,7 @@ from kvroute.core.cost import (
 )
 from kvroute.core.index import PrefixIndex
 from kvroute.core.load_order import LoadOrder
-from kvroute.core.policy.base import LoadView, RouteRequest
+from kvroute.core.policy.base import LoadView, Placement, RouteRequest
 from kvroute.core.sessions import SessionTable, session_key
 from kvroute.core.turnover import CacheTurnover
 
@@ -170,10 +170,6 @@ class RequestView:
     def cache_turnover(self, url: str) -> float:
         return self._turnover.of(url)
 
-    def evictions(self, url: str, request: RouteRequest, cached_tokens: int) -> tuple[int, int]:
-        evicted, hot, _ = self._evictions(self._get(url), url, request, cached_tokens)
-        return evicted, hot
-
     def _evictions(
         self, b: Backend, url: str, request: RouteRequest, cached_tokens: int
     ) -> tuple[int, int, int]:
@@ -192,24 +188,28 @@ class RequestView:
             hot = evicted_hot_blocks(evicted, ws.num_hot, joining, capacity)
         return evicted, hot, bs
 
-    def estimate_ttft_s(
-        self, url: str, request: RouteRequest, cached_tokens: int, *, evictions: bool = True
-    ) -> float:
+    def estimate_ttft_s(self, url: str, request: RouteRequest, cached_tokens: int) -> float:
+        return self.placement(url, request, cached_tokens).ttft_s
+
+    def placement(self, url: str, request: RouteRequest, cached_tokens: int) -> Placement:
         b = self._get(url)
         evicted, hot, bs = self._evictions(b, url, request, cached_tokens)
-        if not evictions:
-            evicted = hot = 0
         capacity_tokens = self._index.url_to_model[url].capacity_blocks * bs
         queued = b.load.queued_prefill_tokens
-        return estimate_ttft_s(
-            num_prompt_tokens=request.num_prompt_tokens,
-            cached_tokens=cached_tokens,
-            queued_prefill_tokens=queued,
-            prefill_tokens_per_s=b.rate.tokens_per_s,
-            config=self.cost,
-            kv_free_tokens=kv_free_tokens(capacity_tokens, b.kv_cache_usage, queued),
-            kv_capacity_tokens=capacity_tokens,
-            decode_tokens=request.max_tokens,
-            evicted_tokens=evicted * bs,
-            evicted_hot_tokens=hot * bs,
-        )
+
+        def ttft_s(evicted_blocks: int, hot_blocks: int) -> float:
+            return estimate_ttft_s(
+                num_prompt_tokens=request.num_prompt_tokens,
+                cached_tokens=cached_tokens,
+                queued_prefill_tokens=queued,
+                prefill_tokens_per_s=b.rate.tokens_per_s,
+                config=self.cost,
+                kv_free_tokens=kv_free_tokens(capacity_tokens, b.kv_cache_usage, queued),
+                kv_capacity_tokens=capacity_tokens,
+                decode_tokens=request.max_tokens,
+                evicted_tokens=evicted_blocks * bs,
+                evicted_hot_tokens=hot_blocks * bs,
+            )
+
+        own_s = ttft_s(0, 0)
+        return Placement(ttft_s(evicted, hot) if evicted else own_s, own_s, evicted, hot)

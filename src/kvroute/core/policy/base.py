@@ -15,7 +15,7 @@ import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from random import Random
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, NamedTuple, Protocol
 
 import xxhash
 
@@ -76,6 +76,15 @@ class Decision:
         return Decision(url, reason, 0, (url, *rest), None)
 
 
+class Placement(NamedTuple):
+    """A request on one backend, as the cost model sees it."""
+
+    ttft_s: float  # the estimate (``FleetView.estimate_ttft_s``)
+    own_ttft_s: float  # without the recompute its evictions cause later: its own latency
+    evicted_blocks: int  # cached blocks its new blocks push out
+    hot_blocks: int  # of which its working set of reused blocks (core/working_set.py)
+
+
 @dataclass(frozen=True, slots=True)
 class LoadView:
     """One backend's load as a policy sees it (ours merged with the engine's gauges)."""
@@ -130,17 +139,12 @@ class FleetView(Protocol):
         the session TTL, if this call may choose it (``is_eligible``); else None."""
         ...
 
-    def estimate_ttft_s(
-        self, url: str, request: RouteRequest, cached_tokens: int, *, evictions: bool = True
-    ) -> float:
-        """Cost model: estimated TTFT of ``request`` on ``url`` given ``cached_tokens`` hit;
-        ``evictions=False`` leaves out the recompute its evictions cause later (its own
-        latency only)."""
+    def estimate_ttft_s(self, url: str, request: RouteRequest, cached_tokens: int) -> float:
+        """Cost model: estimated TTFT of ``request`` on ``url`` given ``cached_tokens`` hit."""
         ...
 
-    def evictions(self, url: str, request: RouteRequest, cached_tokens: int) -> tuple[int, int]:
-        """(cached blocks ``request``'s new blocks would push out of ``url``'s cache, how
-        many of them belong to its working set of reused blocks: core/working_set.py)."""
+    def placement(self, url: str, request: RouteRequest, cached_tokens: int) -> Placement:
+        """The estimate with its parts: what placing a new prefix weighs (prefix.py)."""
         ...
 
     def cache_turnover(self, url: str) -> float:
