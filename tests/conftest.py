@@ -8,6 +8,8 @@ from collections.abc import AsyncIterator, Callable
 import aiohttp
 import pytest
 
+from kvroute.sim.server import SimFleet, start_fleet
+
 
 @pytest.fixture
 async def session() -> AsyncIterator[aiohttp.ClientSession]:
@@ -22,3 +24,13 @@ async def until(cond: Callable[[], bool], timeout_s: float = 10.0) -> None:
             return
         await asyncio.sleep(0.01)
     raise AssertionError("condition not reached in time")
+
+
+@pytest.fixture
+async def kv_sims() -> AsyncIterator[SimFleet]:
+    """Two tiny simulated engines publishing KV events (with replay), 50x real time."""
+    fleet = await start_fleet(2, profile="tiny", speedup=50.0, kv_events=True, kv_replay=True)
+    try:
+        yield fleet
+    finally:
+        await fleet.close()

@@ -8,9 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import random
-from collections.abc import AsyncIterator
 
-import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from kvroute.bench.kv_view import EventFollower, settled_views, view_check
@@ -18,7 +16,7 @@ from kvroute.bench.procs import SimEngine
 from kvroute.router.app import make_app
 from kvroute.router.config import BackendConfig, with_kv_endpoints
 from kvroute.router.state import STATE, RouterState
-from kvroute.sim.server import SimFleet, start_fleet
+from kvroute.sim.server import SimFleet
 from tests.conftest import until
 from tests.router.conftest import assert_no_load, router_config
 
@@ -26,18 +24,9 @@ ADMIN_KEY = "view-check-admin"
 WORDS = ("alpha", "beta", "gamma", "delta", "kappa", "omega", "sigma", "theta")
 
 
-@pytest.fixture
-async def sims() -> AsyncIterator[SimFleet]:
-    fleet = await start_fleet(2, profile="tiny", speedup=50.0, kv_events=True, kv_replay=True)
-    try:
-        yield fleet
-    finally:
-        await fleet.close()
-
-
-def engines_of(sims: SimFleet) -> list[SimEngine]:
+def engines_of(kv_sims: SimFleet) -> list[SimEngine]:
     out = []
-    for b, events in zip(sims.backends, sims.kv_endpoints, strict=True):
+    for b, events in zip(kv_sims.backends, kv_sims.kv_endpoints, strict=True):
         assert b.publisher is not None
         out.append(SimEngine(b.url, events, b.publisher.replay_endpoint))
     return out
@@ -52,21 +41,21 @@ def prompts(n: int) -> list[str]:
     return [f"{heads[i % 4]} tail{i} " + " ".join(rng.choices(WORDS, k=600)) for i in range(n)]
 
 
-async def test_a_live_router_holds_what_the_events_say(sims: SimFleet) -> None:
-    engines = engines_of(sims)
+async def test_a_live_router_holds_what_the_events_say(kv_sims: SimFleet) -> None:
+    engines = engines_of(kv_sims)
     backends = with_kv_endpoints(
         [BackendConfig(url=e.url) for e in engines],
         {e.url: e.kv_events or "" for e in engines},
         {e.url: e.kv_replay or "" for e in engines},
     )
-    config = router_config(sims.urls, policy="prefix", mode="exact", admin_key=ADMIN_KEY)
+    config = router_config(kv_sims.urls, policy="prefix", mode="exact", admin_key=ADMIN_KEY)
     client = TestClient(TestServer(make_app(dataclasses.replace(config, backends=backends))))
     await client.start_server()
     state: RouterState = client.app[STATE]  # type: ignore[index]
     follower = EventFollower(engines)
     follower.start()
     try:
-        await until(lambda: all(state.fleet.is_exact(u) for u in sims.urls))
+        await until(lambda: all(state.fleet.is_exact(u) for u in kv_sims.urls))
         gate = asyncio.Semaphore(4)
 
         async def send(prompt: str) -> None:
@@ -76,7 +65,7 @@ async def test_a_live_router_holds_what_the_events_say(sims: SimFleet) -> None:
                 assert resp.status == 200, await resp.text()
 
         await asyncio.gather(*(send(p) for p in prompts(36)))
-        for b in sims.backends:  # every event out of the engines
+        for b in kv_sims.backends:  # every event out of the engines
             await until(lambda b=b: not b.engine.has_unfinished_requests())
         router_url = str(client.make_url("")).rstrip("/")
         kv, snap = await settled_views(router_url, ADMIN_KEY, follower, exact=True)
@@ -85,7 +74,9 @@ async def test_a_live_router_holds_what_the_events_say(sims: SimFleet) -> None:
         assert all(v["exact"] and v["gaps"] == 0 for v in snap.values())
         assert check["router_blocks"] == check["engine_blocks"] > 0
         # more was stored than fits: the views agree after removals too
-        assert check["engine_blocks"] <= sum(b.engine.stats.num_gpu_blocks for b in sims.backends)
+        assert check["engine_blocks"] <= sum(
+            b.engine.stats.num_gpu_blocks for b in kv_sims.backends
+        )
     finally:
         await asyncio.to_thread(follower.stop)
         assert_no_load(state)

@@ -14,7 +14,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from kvroute.router.app import make_app
 from kvroute.router.config import BackendConfig, with_kv_endpoints
 from kvroute.router.state import STATE, RouterState
-from kvroute.sim.server import SimBackend, SimFleet, start_fleet
+from kvroute.sim.server import SimBackend, SimFleet
 from tests.conftest import until
 from tests.router.conftest import FakeClock, assert_no_load, router_config
 
@@ -23,44 +23,37 @@ ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 SHARED = "You are a careful assistant that answers in short sentences. " * 12
 
 
-@pytest.fixture
-async def sims() -> AsyncIterator[SimFleet]:
-    fleet = await start_fleet(2, profile="tiny", speedup=50.0, kv_events=True, kv_replay=True)
-    try:
-        yield fleet
-    finally:
-        await fleet.close()
-
-
 def replay_of(b: SimBackend) -> str:
     assert b.publisher is not None and b.publisher.replay_endpoint is not None
     return b.publisher.replay_endpoint
 
 
-def exact_backends(sims: SimFleet) -> tuple[BackendConfig, ...]:
-    urls = sims.urls
+def exact_backends(kv_sims: SimFleet) -> tuple[BackendConfig, ...]:
+    urls = kv_sims.urls
     return with_kv_endpoints(
         [BackendConfig(url=u) for u in urls],
-        dict(zip(urls, sims.kv_endpoints, strict=True)),
-        {b.url: replay_of(b) for b in sims.backends},
+        dict(zip(urls, kv_sims.kv_endpoints, strict=True)),
+        {b.url: replay_of(b) for b in kv_sims.backends},
     )
 
 
-async def start_router(sims: SimFleet, clock: Any = None, **changes: Any) -> TestClient[Any, Any]:
-    config = router_config(sims.urls, policy="prefix", mode="exact", admin_key=ADMIN_KEY)
-    config = dataclasses.replace(config, backends=exact_backends(sims), **changes)
+async def start_router(
+    kv_sims: SimFleet, clock: Any = None, **changes: Any
+) -> TestClient[Any, Any]:
+    config = router_config(kv_sims.urls, policy="prefix", mode="exact", admin_key=ADMIN_KEY)
+    config = dataclasses.replace(config, backends=exact_backends(kv_sims), **changes)
     app = make_app(config, clock=clock) if clock is not None else make_app(config)
     client = TestClient(TestServer(app, host="127.0.0.1"))
     await client.start_server()
     state = client.app[STATE]  # type: ignore[index]
     if state.kv is not None:  # synced from seq 0 by replay
-        await until(lambda: all(state.fleet.is_exact(u) for u in sims.urls))
+        await until(lambda: all(state.fleet.is_exact(u) for u in kv_sims.urls))
     return client
 
 
 @pytest.fixture
-async def router(sims: SimFleet) -> AsyncIterator[TestClient[Any, Any]]:
-    client = await start_router(sims)
+async def router(kv_sims: SimFleet) -> AsyncIterator[TestClient[Any, Any]]:
+    client = await start_router(kv_sims)
     yield client
     assert_no_load(client.app[STATE])  # type: ignore[index]
     await client.close()
@@ -82,14 +75,14 @@ async def complete(client: TestClient[Any, Any], prompt: str, **extra: Any) -> A
     return resp
 
 
-async def test_prediction_from_events_equals_engine_cached_tokens(sims: SimFleet) -> None:
+async def test_prediction_from_events_equals_engine_cached_tokens(kv_sims: SimFleet) -> None:
     clock = FakeClock()
-    client = await start_router(sims, clock=clock)
+    client = await start_router(kv_sims, clock=clock)
     state: RouterState = client.app[STATE]  # type: ignore[index]
     try:
         first = await complete(client, SHARED + "What is a KV cache?")
         url = first.headers["x-kvroute-backend"]
-        backend = next(b for b in sims.backends if b.url == url)
+        backend = next(b for b in kv_sims.backends if b.url == url)
         await until(lambda: caught_up(state, backend))
         clock.advance(60.0)  # speculative credit expired: only the events speak now
         again = await complete(client, SHARED + "What is a KV cache?")
@@ -118,17 +111,17 @@ async def test_prediction_from_events_equals_engine_cached_tokens(sims: SimFleet
         await client.close()
 
 
-async def test_burst_with_a_cached_prefix_lands_on_its_holder(sims: SimFleet) -> None:
+async def test_burst_with_a_cached_prefix_lands_on_its_holder(kv_sims: SimFleet) -> None:
     """Once one engine's events show the shared prefix, a concurrent burst stays there
     (a burst on a cold prefix may split: waiting behind the first prefill costs as much
     as recomputing elsewhere, and the cost rule knows it)."""
     clock = FakeClock()
-    client = await start_router(sims, clock=clock)
+    client = await start_router(kv_sims, clock=clock)
     state: RouterState = client.app[STATE]  # type: ignore[index]
     try:
         warm = await complete(client, SHARED + " Question: warm up.")
         holder = warm.headers["x-kvroute-backend"]
-        for b in sims.backends:
+        for b in kv_sims.backends:
             await until(lambda b=b: caught_up(state, b))
         clock.advance(60.0)  # no speculative credit left: the view is the engines' events
         prompts = [SHARED + f" Question {i}: name a colour." for i in range(6)]
@@ -143,11 +136,11 @@ async def test_burst_with_a_cached_prefix_lands_on_its_holder(sims: SimFleet) ->
 
 
 async def test_metrics_and_status_page_show_the_exact_view(
-    sims: SimFleet, router: TestClient[Any, Any]
+    kv_sims: SimFleet, router: TestClient[Any, Any]
 ) -> None:
     state: RouterState = router.app[STATE]  # type: ignore[index]
     await complete(router, SHARED + "once")
-    for b in sims.backends:
+    for b in kv_sims.backends:
         await until(lambda b=b: caught_up(state, b))
     text = await (await router.get("/metrics")).text()
     for name in (
@@ -161,7 +154,7 @@ async def test_metrics_and_status_page_show_the_exact_view(
         "kvroute_backend_reported_predicted_hit_rate",
     ):
         assert f"{name}{{backend=" in text, name
-    for url in sims.urls:
+    for url in kv_sims.urls:
         assert f'kvroute_backend_kv_exact{{backend="{url}"}} 1.0' in text
         assert f'kvroute_backend_kv_gaps{{backend="{url}"}} 0.0' in text
     page = await (await router.get("/")).text()
@@ -170,32 +163,32 @@ async def test_metrics_and_status_page_show_the_exact_view(
         assert header in page
     kv = await (await router.get("/admin/kv", headers=ADMIN)).json()
     assert kv["mode"] == "exact"
-    assert {r["url"]: r["mode"] for r in kv["backends"]} == dict.fromkeys(sims.urls, "exact")
+    assert {r["url"]: r["mode"] for r in kv["backends"]} == dict.fromkeys(kv_sims.urls, "exact")
     held = sum(r["confirmed_blocks"] for r in kv["backends"])
-    assert held == sum(len(b.engine.block_manager._hash_to_block) for b in sims.backends)
+    assert held == sum(len(b.engine.block_manager._hash_to_block) for b in kv_sims.backends)
 
 
 async def test_admin_remove_drops_the_subscription_and_add_restores_it(
-    sims: SimFleet, router: TestClient[Any, Any]
+    kv_sims: SimFleet, router: TestClient[Any, Any]
 ) -> None:
     state: RouterState = router.app[STATE]  # type: ignore[index]
     assert state.kv is not None
-    gone = sims.backends[1]
+    gone = kv_sims.backends[1]
     resp = await router.delete("/admin/backends", params={"url": gone.url}, headers=ADMIN)
     assert resp.status == 200
     assert state.kv.status(gone.url) is None and gone.url not in state.kv.urls()
     assert gone.url not in state.fleet.urls()
-    body = {"url": gone.url, "kv_events": sims.kv_endpoints[1], "kv_replay": replay_of(gone)}
+    body = {"url": gone.url, "kv_events": kv_sims.kv_endpoints[1], "kv_replay": replay_of(gone)}
     resp = await router.post("/admin/backends", json=body, headers=ADMIN)
     assert resp.status == 201
-    assert (await resp.json())["kv_events"] == sims.kv_endpoints[1]
+    assert (await resp.json())["kv_events"] == kv_sims.kv_endpoints[1]
     await until(lambda: state.fleet.is_exact(gone.url))  # synced again by replay from 0
     status = state.kv.status(gone.url)
     assert status is not None and status.running
 
 
-async def test_approximate_mode_ignores_kv_events(sims: SimFleet) -> None:
-    client = await start_router(sims, mode="approximate")
+async def test_approximate_mode_ignores_kv_events(kv_sims: SimFleet) -> None:
+    client = await start_router(kv_sims, mode="approximate")
     state: RouterState = client.app[STATE]  # type: ignore[index]
     try:
         assert state.kv is None
@@ -208,7 +201,7 @@ async def test_approximate_mode_ignores_kv_events(sims: SimFleet) -> None:
 
 
 async def test_a_batch_that_fails_to_apply_turns_its_backend_approximate(
-    sims: SimFleet, router: TestClient[Any, Any], monkeypatch: pytest.MonkeyPatch
+    kv_sims: SimFleet, router: TestClient[Any, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     state: RouterState = router.app[STATE]  # type: ignore[index]
 
@@ -229,19 +222,19 @@ async def test_a_batch_that_fails_to_apply_turns_its_backend_approximate(
     assert again.status == 200
 
 
-async def test_salted_blocks_are_keyed_with_their_salt(sims: SimFleet) -> None:
+async def test_salted_blocks_are_keyed_with_their_salt(kv_sims: SimFleet) -> None:
     """The engine's events carry a request's cache_salt (extra keys of its first block):
     the exact view keys those blocks as salted requests are keyed, so only a request with
     the same salt is predicted (and gets) a hit."""
     clock = FakeClock()
-    client = await start_router(sims, clock=clock)
+    client = await start_router(kv_sims, clock=clock)
     state: RouterState = client.app[STATE]  # type: ignore[index]
 
     async def ask(question: str, **salt: str) -> tuple[str, str, int]:
         resp = await complete(client, SHARED + question, **salt)
         cached = (await resp.json())["usage"]["prompt_tokens_details"]["cached_tokens"]
         url = resp.headers["x-kvroute-backend"]
-        await until(lambda: caught_up(state, next(b for b in sims.backends if b.url == url)))
+        await until(lambda: caught_up(state, next(b for b in kv_sims.backends if b.url == url)))
         clock.advance(60.0)  # speculative credit expired: only the events speak
         return url, resp.headers["x-kvroute-decision"], cached
 
