@@ -101,3 +101,22 @@ def test_conversation_trace_ceiling_is_37_4_percent():
     assert len(rows) == 12031
     assert infinite_cache_hit_rate(rows) == pytest.approx(0.374, abs=0.0005)
     assert detect_bucket_ms([r.timestamp_ms for r in rows]) == 3000
+
+
+def test_tile_interleaves_disjoint_copies(mini_trace):
+    one = list(make_workload(f"mooncake:{mini_trace}", seed=3).requests())
+    tiled = list(
+        make_workload(f"mooncake:{mini_trace}", seed=3, overrides={"tile": "3"}).requests()
+    )
+    assert len(tiled) == 3 * len(one)
+    assert len({s.request_id for s in tiled}) == len(tiled)
+    arrivals = [s.arrival_s for s in tiled]
+    assert arrivals == sorted(arrivals)
+    # each copy has the trace's lengths and sharing, and shares no prompt with another copy
+    prompts = [s.prompt for s in tiled]
+    assert sorted(s.num_prompt_tokens for s in tiled) == sorted(
+        3 * [s.num_prompt_tokens for s in one]
+    )
+    heads = {p[:2000] for p in prompts}
+    assert len(heads) == 3 * len({s.prompt[:2000] for s in one})
+    assert sum(1 for p in prompts if p in {s.prompt for s in one}) == len(one)

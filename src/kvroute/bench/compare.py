@@ -222,11 +222,17 @@ async def run_one(
             metrics_text = await _router_metrics(router_url)
             if router.returncode is not None:
                 raise RuntimeError(f"{spec.name} exited during the run:\n{router.tail()}")
+    add_decision_analysis(bench)
+    return bench, metrics_text
+
+
+def add_decision_analysis(bench: BenchResult) -> None:
+    """``router_decisions`` and, for routers that say why they routed each request,
+    ``decision_analysis`` (bench/decisions.py) into the result."""
     bench.result["router_decisions"] = decision_counts(bench.records)
     analysis = analyze(bench.records)  # None for routers that send no decision header
     if analysis is not None:
         bench.result["decision_analysis"] = analysis.to_json()
-    return bench, metrics_text
 
 
 def _extra_config(config: CompareConfig, spec: RouterSpec, router_cmd: list[str]) -> dict:

@@ -114,11 +114,15 @@ def format_table(outcomes: Mapping[str, RouterOutcome], header: str = "") -> str
 def describe_run(config: Mapping[str, Any]) -> str:
     """The table's header line from a result's ``config`` and ``workload``."""
     speedup = config.get("speedup", 1.0)
-    clock = (
-        "times are wall-clock"
-        if speedup == 1
-        else f"engines at speedup {speedup:g}: times are wall-clock (engine time = {speedup:g} x)"
-    )
+    if config.get("target") == "kvroute simulate":
+        clock = "simulated: times are engine time"
+    elif speedup == 1:
+        clock = "times are wall-clock"
+    else:
+        clock = (
+            f"engines at speedup {speedup:g}: times are wall-clock "
+            f"(engine time = {speedup:g} x)"
+        )
     load = config.get("load", {})
     users = f", {load['num_users']} users" if load.get("mode") == "closed" else ""
     return (

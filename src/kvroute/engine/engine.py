@@ -99,7 +99,8 @@ class Engine:
             max_num_batched_tokens=profile.max_num_batched_tokens,
         )
         self.step_time = StepTimeModel(profile, jitter=jitter, rng=rng)
-        self._next_token = next_token if next_token is not None else default_next_token()
+        # (request id, output index) -> token id; public for engine/fast_forward.py
+        self.next_token = next_token if next_token is not None else default_next_token()
         self._requests: dict[str, Request] = {}  # unfinished requests by id
         self._max_model_len = profile.max_model_len
 
@@ -180,7 +181,7 @@ class Engine:
         """Append the next output token; finish the request at its length."""
         token_ids = req.token_ids
         index = len(token_ids) - req.num_prompt_tokens
-        token_id = self._next_token(req.request_id, index)
+        token_id = self.next_token(req.request_id, index)
         token_ids.append(token_id)
         finish_reason = None
         if index + 1 >= req.max_tokens or len(token_ids) >= self._max_model_len:

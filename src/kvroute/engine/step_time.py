@@ -44,6 +44,11 @@ class StepTimeModel:
         self._jitter = jitter
         self._rng = rng if rng is not None else random.Random(0)
 
+    @property
+    def jitter(self) -> float:
+        """The +- fraction each term is jittered by (0.0: deterministic step times)."""
+        return self._jitter
+
     def duration_s(self, work: StepWork) -> float:
         """Modelled seconds of one step doing ``work`` (0.0 for an empty step)."""
         if work.num_seqs == 0:

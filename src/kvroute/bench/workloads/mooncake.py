@@ -57,6 +57,9 @@ class MooncakeParams:
     input_scale: float = 1.0  # multiplies prompt lengths and the block size
     output_cap: int = 0  # 0: no cap on max_tokens
     spread_ms: float | None = None  # bucket width to spread over; 0: keep timestamps as is
+    # N independent copies of the trace, interleaved by arrival (block ids and request ids
+    # disjoint), for fleets far larger than the one the trace came from
+    tile: int = 1
 
     def __post_init__(self) -> None:
         if not self.speedup > 0 or not self.input_scale > 0:
@@ -65,6 +68,8 @@ class MooncakeParams:
             raise ValueError("MooncakeParams.max_requests and output_cap must be >= 0")
         if self.spread_ms is not None and self.spread_ms < 0:
             raise ValueError("MooncakeParams.spread_ms must be >= 0")
+        if self.tile < 1:
+            raise ValueError("MooncakeParams.tile must be >= 1")
 
 
 def detect_bucket_ms(timestamps_ms: Sequence[float]) -> float:
@@ -177,18 +182,36 @@ class MooncakeReplay(Workload):
         return " ".join(words[: row.input_length])
 
     def sessions(self) -> Iterator[Session]:
+        """The rows in arrival order; with ``tile`` N, N copies merged by arrival, copy k
+        with its own spread of the buckets and its block ids shifted past copy k - 1's."""
         p = self.params
-        rng = random.Random(self.seed)
-        stamps = spread_timestamps([r.timestamp_ms for r in self.rows], self.bucket_ms, rng)
         start = min((r.timestamp_ms for r in self.rows), default=0.0)
-        for i, (row, stamp) in enumerate(zip(self.rows, stamps, strict=True)):
+        raw = [r.timestamp_ms for r in self.rows]
+        id_span = 1 + max((max(r.hash_ids) for r in self.rows), default=0)
+        copies = []
+        for k in range(p.tile):
+            rng = random.Random(self.seed if k == 0 else f"{self.seed}:tile:{k}")
+            copies.append(spread_timestamps(raw, self.bucket_ms, rng))
+        order = [(stamp, k, i) for k, stamps in enumerate(copies) for i, stamp in enumerate(stamps)]
+        if p.tile > 1:  # one copy keeps the file's order
+            order.sort(key=lambda x: x[0])
+        for n, (stamp, k, i) in enumerate(order):
+            row = self.rows[i]
+            if k:
+                shift = k * id_span
+                row = TraceRow(
+                    row.timestamp_ms,
+                    row.input_length,
+                    row.output_length,
+                    tuple(h + shift for h in row.hash_ids),
+                )
             max_tokens = max(1, row.output_length)
             if p.output_cap:
                 max_tokens = min(max_tokens, p.output_cap)
             group = row.hash_ids[1] if len(row.hash_ids) > 1 else row.hash_ids[0]
             yield (
                 RequestSpec(
-                    request_id=f"mooncake-{i:07d}",
+                    request_id=f"mooncake-{n:07d}",
                     endpoint="completions",
                     messages=None,
                     prompt=self.prompt_for(row),

@@ -1,0 +1,164 @@
+"""``kvroute simulate``: ``kvroute compare`` in virtual time, on fleets of any size.
+
+Example: ``kvroute simulate --workload gsp --backends 8 --profile codellama-13b-a100-40g
+--routers round_robin,consistent_hash,kvroute,kvroute-exact --num-requests 3000``.
+
+The same engines (engine/), the same Fleet, policies and cost model (core/), the same
+workloads and load shapes (bench/) as ``kvroute compare``, driven by an event heap
+instead of sockets and a clock (kvroute.des): minutes of engine time take seconds, every
+run is repeatable to the byte, and fleets of a thousand engines fit on a laptop. The
+router learns what the live router learns, when it would (des/router.py); in exact mode
+the engines' KV events reach it ``--kv-event-delay-ms`` after the step that made them.
+
+Outputs are ``kvroute compare``'s (the table, compare.json, compare.txt, plots, one
+folder per router), with times in engine seconds, plus three ceilings per run: an
+infinite prefix cache; one LRU cache as big as the whole fleet's KV memory; and Belady's
+optimal replacement on that pooled cache, which no router can beat (des/ceilings.py).
+How fast the simulator ran goes to speed.json (wall-clock: the only file that differs
+between two runs with the same seed).
+
+Router names as in ``kvroute compare`` for kvroute's own policies (round_robin,
+least_load, power_of_two, consistent_hash, random, kvroute, kvroute-exact,
+kvroute:<policy>[:KEY=VALUE...]). The real peers (sglang, vllm-router) run only in
+``kvroute compare``.
+
+Trace workloads take ``--workload-arg tile=N``: N independent copies of the trace
+(disjoint prompts, interleaved by arrival) for fleets larger than the trace's own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from kvroute.bench.compare import RouterOutcome, build_load, build_workload
+from kvroute.bench.compare_cli import _pair, _routers, config_from_args, default_out, report
+from kvroute.bench.procs import parse_router
+from kvroute.bench.progress import rich_progress
+from kvroute.bench.workloads import WORKLOAD_NAMES
+from kvroute.des.report import format_ceilings, format_speed
+from kvroute.des.simulation import (
+    DEFAULT_KV_EVENT_DELAY_S,
+    DEFAULT_REQUEST_OVERHEAD_S,
+    Speed,
+    Timing,
+    simulate_router,
+)
+from kvroute.sim.profiles import get_profile
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "simulate",
+        help="kvroute compare in virtual time: the discrete-event fleet simulator",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--workload", required=True, help=f"one of: {', '.join(WORKLOAD_NAMES)} (or mooncake)"
+    )
+    p.add_argument("--trace", help="trace file for plain 'mooncake'")
+    p.add_argument("--backends", type=int, default=8, help="engines in the fleet (default 8)")
+    p.add_argument(
+        "--profile",
+        default="codellama-13b-a100-40g",
+        help="engine profile (default codellama-13b-a100-40g)",
+    )
+    p.add_argument(
+        "--routers",
+        type=_routers,
+        default=("round_robin", "kvroute"),
+        help="comma-separated router names (default round_robin,kvroute)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="workload and load seed")
+    p.add_argument(
+        "--workload-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a workload parameter (repeatable), e.g. tile=8 for a trace",
+    )
+    shape = p.add_mutually_exclusive_group()
+    shape.add_argument("--concurrency", type=int, help="closed loop with N users")
+    shape.add_argument(
+        "--rate", type=float, help="open loop: R requests (sessions) per second, Poisson"
+    )
+    p.add_argument("--think-time", type=_pair, help="closed loop think time A,B (seconds)")
+    bound = p.add_mutually_exclusive_group()
+    bound.add_argument("--duration", type=float, help="seconds (engine time) of sending")
+    bound.add_argument("--num-requests", type=int, help="measured requests per router")
+    p.add_argument("--num-warmup", type=int, help="requests left out of the metrics")
+    p.add_argument(
+        "--kv-event-delay-ms",
+        type=float,
+        default=DEFAULT_KV_EVENT_DELAY_S * 1000.0,
+        help="exact mode: a step's KV events reach the router this long after it ends "
+        f"(default {DEFAULT_KV_EVENT_DELAY_S * 1000.0:g})",
+    )
+    p.add_argument(
+        "--request-overhead-ms",
+        type=float,
+        default=DEFAULT_REQUEST_OVERHEAD_S * 1000.0,
+        help="the proxy's added latency per request "
+        f"(default {DEFAULT_REQUEST_OVERHEAD_S * 1000.0:g})",
+    )
+    p.add_argument(
+        "--no-fast-forward",
+        action="store_true",
+        help="step every engine step by step (same results, slower; for checking)",
+    )
+    p.add_argument("--out", help="output folder (default runs/simulate-<time>)")
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=main, speedup=1.0, sim_arg=[], startup_timeout=60.0)
+    return p
+
+
+def main(args: argparse.Namespace) -> int:
+    out = Path(args.out) if args.out else default_out("simulate")
+    try:
+        config = config_from_args(args, out)
+        profile = get_profile(config.profile)
+        timing = Timing(args.request_overhead_ms / 1000.0, args.kv_event_delay_ms / 1000.0)
+        load = build_load(config, build_workload(config), profile.name)
+    except ValueError as exc:
+        print(f"kvroute simulate: {exc}", file=sys.stderr)
+        return 2
+    outcomes: dict[str, RouterOutcome] = {}
+    speeds: dict[str, Speed] = {}
+    for name in config.routers:
+        spec = parse_router(name)
+        outcome = outcomes[name] = RouterOutcome(name)
+        if spec.kind != "kvroute":
+            outcome.skipped = f"the real {spec.kind} runs only in `kvroute compare`"
+            print(f"kvroute simulate: {name}: skipped ({outcome.skipped})", file=sys.stderr)
+            continue
+        workload = build_workload(config)
+        with rich_progress(
+            f"{name:<16}", load.num_requests, load.duration_s, enabled=not args.quiet
+        ) as progress:
+            bench, speed = simulate_router(
+                spec,
+                profile,
+                config.num_backends,
+                workload,
+                load,
+                timing=timing,
+                fast_forward=not args.no_fast_forward,
+                progress=progress,
+                extra_config={"seed": config.seed},
+            )
+        outcome.bench, speeds[name] = bench, speed
+    code = report(outcomes, out, plots=not args.no_plots, analysis=True)
+    if text := format_ceilings(outcomes):
+        print(f"\n{text}")
+        with (out / "compare.txt").open("a") as f:
+            f.write(f"\n{text}\n")
+    if speeds:
+        print(f"\n{format_speed(speeds)}")
+        data = {name: s.to_json() for name, s in speeds.items()}
+        (out / "speed.json").write_text(json.dumps(data, indent=2) + "\n")
+    return code

@@ -1,0 +1,72 @@
+"""What ``kvroute simulate`` prints beside the comparison table: ceilings and speed."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kvroute.bench.compare import RouterOutcome
+from kvroute.des.simulation import Speed
+
+CEILINGS = (
+    ("infinite", "cache_ceiling_hit_rate"),
+    ("pooled LRU", "pooled_lru_hit_rate"),
+    ("Belady", "belady_hit_rate"),
+)
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100.0 * x:.1f} %"
+
+
+def _share(hit: float | None, ceiling: float | None) -> str:
+    if hit is None or not ceiling:
+        return "n/a"
+    return f"{hit / ceiling:.2f}"
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = []
+    for row in rows:
+        cells = [row[0].ljust(widths[0])]
+        cells += [c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True)]
+        lines.append("  ".join(cells))
+        if row is rows[0]:
+            lines.append("-" * len(lines[-1]))
+    return "\n".join(lines)
+
+
+def format_ceilings(outcomes: Mapping[str, RouterOutcome]) -> str:
+    """Each router's engine hit rate beside the three ceilings and as a fraction of each."""
+    rows = [["router", "engine hit", *(name for name, _ in CEILINGS)]]
+    rows[0] += [f"of {name}" for name, _ in CEILINGS]
+    for name, outcome in outcomes.items():
+        if outcome.bench is None:
+            continue
+        r: dict[str, Any] = outcome.bench.result
+        hit = r.get("engine_prefix_hit_rate")
+        ceilings = [r.get(key) for _, key in CEILINGS]
+        rows.append([name, _pct(hit), *map(_pct, ceilings), *(_share(hit, c) for c in ceilings)])
+    if len(rows) == 1:
+        return ""
+    return (
+        "Ceilings over the prompts each run sent (pooled: one cache of the whole fleet's "
+        "KV blocks):\n" + _table(rows)
+    )
+
+
+def format_speed(speeds: Mapping[str, Speed]) -> str:
+    rows = [["router", "wall s", "engine s", "x real time", "requests", "sim req/s"]]
+    for name, s in speeds.items():
+        rows.append(
+            [
+                name,
+                f"{s.wall_s:.1f}",
+                f"{s.engine_time_s:.0f}",
+                f"{s.x_real_time:.0f}",
+                str(s.num_requests),
+                f"{s.requests_per_s:.0f}",
+            ]
+        )
+    return "Simulator speed (this machine):\n" + _table(rows)

@@ -1,0 +1,131 @@
+"""The router in the loop: kvroute's own Fleet and policy, fed what the live router is fed.
+
+A ``SimRouter`` is built from a ``--routers`` name exactly as ``kvroute compare`` starts
+``kvroute serve`` (the same config loader, so the same defaults: policy parameters, cost
+model, sessions, scrape interval), and learns only what the live router learns, when it
+would learn it: each dispatch; the first token of each stream (the prefill rate); the
+engine's usage at the end of a stream (cached tokens; in approximate mode the tokens
+its text stood for); the end of each request; a /metrics scrape of every engine each
+``health.scrape_interval_s``; in exact mode each engine's KV event batches, a fixed
+delay after the step that published them. Keys are what the live router computes:
+text keys of the prompt and a token estimate from its bytes in approximate mode, the
+engine's token ids in exact mode. There is no second copy of a policy, the cost model
+or the index: they are core's, called as the proxy calls them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvroute.bench.procs import RouterSpec
+from kvroute.common.hashing import ROOT_SEED, token_block_hashes
+from kvroute.common.kv_events import KvEvent
+from kvroute.core.fleet import Fleet
+from kvroute.core.keys import text_route_keys
+from kvroute.core.load import Ticket
+from kvroute.core.policy import make_policy
+from kvroute.core.policy.base import Decision, RouteRequest
+from kvroute.engine.engine import EngineStats
+from kvroute.router.config import RouterConfig, load_config
+from kvroute.router.route_request import session_hint
+
+
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """Where one request went: what the proxy holds while it relays the answer."""
+
+    decision: Decision
+    ticket: Ticket
+    text_bytes: int | None  # UTF-8 bytes keyed as text (approximate mode), else None
+
+
+def router_config(spec: RouterSpec, urls: Sequence[str]) -> RouterConfig:
+    """The configuration ``kvroute serve`` would run ``spec`` with in front of ``urls``."""
+    if spec.kind != "kvroute":
+        raise ValueError(
+            f"{spec.name}: kvroute simulate runs kvroute's own policies; the real "
+            f"{spec.kind} runs only in `kvroute compare`"
+        )
+    args = dict(arg.split("=", 1) for arg in spec.policy_args)
+    return load_config(
+        backends=urls,
+        overrides={"policy": spec.policy, "mode": spec.mode},
+        policy_args=args or None,
+    )
+
+
+class SimRouter:
+    """A Fleet and its inputs in virtual time (module doc)."""
+
+    def __init__(self, spec: RouterSpec, urls: Sequence[str], model: str) -> None:
+        self.spec = spec
+        self.config = router_config(spec, urls)
+        self.fleet = Fleet(
+            make_policy(self.config.policy, self.config.policy_params), self.config.fleet
+        )
+        self.model = model
+        self.exact = spec.mode == "exact"
+        self._kv_seq = dict.fromkeys(urls, 0)
+        for url in urls:
+            self.fleet.add_backend(url, models=(model,))
+            if self.exact:
+                self.fleet.kv_history_empty(url)  # a fresh engine: nothing published yet
+        self.scrape_interval_s = self.config.health.scrape_interval_s
+
+    def route(
+        self,
+        at: float,
+        request_id: str,
+        text: str,
+        token_ids: Sequence[int],
+        max_tokens: int,
+        headers: Sequence[tuple[str, str]],
+    ) -> Routed | None:
+        """Decide and dispatch one request at ``at`` (None: no backend may take it)."""
+        fleet, model = self.fleet, self.model
+        bs = fleet.block_size_for(model)
+        text_bytes: int | None = None
+        if fleet.key_kind_for(model) == "tokens":
+            keys = token_block_hashes(token_ids, bs, ROOT_SEED)
+            num_tokens = len(token_ids)
+        else:
+            keys, text_bytes = text_route_keys(text, bs, ROOT_SEED)
+            num_tokens = fleet.prompt_tokens_estimate(model, text_bytes)
+        session = session_hint(dict(headers), {}, self.config.sessions)
+        req = RouteRequest(request_id, model, keys, num_tokens, max_tokens, session)
+        decision = fleet.route(req, at)
+        if decision is None:
+            return None
+        return Routed(decision, fleet.dispatch(decision, req, at), text_bytes)
+
+    def first_token(self, routed: Routed, at: float) -> None:
+        self.fleet.on_first_token(routed.ticket, at)
+
+    def finished(
+        self, routed: Routed, at: float, *, prompt_tokens: int, cached_tokens: int
+    ) -> None:
+        """The stream's last chunk (usage) came, then its end."""
+        fleet = self.fleet
+        fleet.record_cached_tokens(routed.ticket, cached_tokens)
+        if routed.text_bytes is not None:
+            fleet.observe_prompt_tokens(self.model, routed.text_bytes, prompt_tokens)
+        fleet.finish(routed.ticket, at, True)
+
+    def scraped(self, url: str, stats: EngineStats) -> None:
+        self.fleet.update_engine_stats(
+            url,
+            num_running=stats.num_running,
+            num_waiting=stats.num_waiting,
+            kv_cache_usage=stats.kv_cache_usage,
+            block_size=stats.block_size,
+            num_gpu_blocks=stats.num_gpu_blocks,
+            prefix_cache_hits=stats.prefix_cache_hits,
+            prefix_cache_queries=stats.prefix_cache_queries,
+        )
+
+    def kv_batch(self, url: str, published_at: float, events: list[KvEvent], at: float) -> None:
+        """One engine step's KV events, published at ``published_at``, received at ``at``."""
+        seq = self._kv_seq[url]
+        self._kv_seq[url] = seq + 1
+        self.fleet.apply_kv_batch(url, seq, published_at, events, at, lag_s=at - published_at)

@@ -1,0 +1,385 @@
+"""One simulated run: a workload, a fleet of engines, one router, in virtual time.
+
+``simulate_router`` builds the parts (an ``Engine`` per backend behind a ``SimBackend``,
+a ``SimRouter``, ``VirtualClients``), runs the event queue dry and returns the same
+``BenchResult`` a ``kvroute compare`` run gives: result.json's keys (the engines' own
+counters for the hit rate, the client's records for latencies) plus the ceilings
+(des/ceilings.py) and the simulator's own figures under ``simulation``.
+
+The path of a request, in engine seconds: the client sends at t; the router routes and
+dispatches it at t; it enters its engine at t + ``Timing.request_overhead_s`` (the
+proxy's added latency) + the profile's ``a_api_ms`` (the engine's API server); its tokens
+leave the engine at the end of the steps that made them and reach the router and the
+client then (the return path is folded into the way in). The router scrapes every engine
+at t = 0 and then each scrape interval; in exact mode an engine's KV events reach the
+router ``Timing.kv_event_delay_s`` after the step that produced them.
+"""
+
+from __future__ import annotations
+
+import time
+import tracemalloc
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvroute.bench.compare import add_decision_analysis
+from kvroute.bench.fleet import EngineDelta, engine_deltas, fleet_results
+from kvroute.bench.load import LoadConfig
+from kvroute.bench.loadgen import ProgressFn
+from kvroute.bench.metrics import EngineCounters, RequestRecord, summarize
+from kvroute.bench.procs import RouterSpec
+from kvroute.bench.runner import BenchResult
+from kvroute.bench.spec import RequestSpec
+from kvroute.bench.workloads.base import Workload
+from kvroute.common.hashing import ROOT_SEED, token_block_hashes
+from kvroute.common.kv_events import KvEvent
+from kvroute.des.backend import SimBackend
+from kvroute.des.ceilings import PromptLog, ceilings
+from kvroute.des.clients import Done, VirtualClients
+from kvroute.des.events import ARRIVE, OBSERVE, EventQueue
+from kvroute.des.prompts import PromptEncoder
+from kvroute.des.router import Routed, SimRouter
+from kvroute.engine.engine import Engine, TokenOutput
+from kvroute.engine.profiles import EngineProfile
+
+# The proxy's added latency per request: kvroute's P50 overhead measured through the
+# router in front of an instant backend (issue 15's figure, 0.43 ms), engine seconds.
+DEFAULT_REQUEST_OVERHEAD_S = 0.0004
+# KV events: the HTTP simulator publishes a step's events when the step ends, and the
+# router's subscriber applies them within about a millisecond on loopback.
+DEFAULT_KV_EVENT_DELAY_S = 0.001
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """Latencies outside the engines (engine seconds)."""
+
+    request_overhead_s: float = DEFAULT_REQUEST_OVERHEAD_S
+    kv_event_delay_s: float = DEFAULT_KV_EVENT_DELAY_S
+
+    def __post_init__(self) -> None:
+        if self.request_overhead_s < 0 or self.kv_event_delay_s < 0:
+            raise ValueError("Timing: latencies must be >= 0")
+
+
+@dataclass(slots=True)
+class _InFlight:
+    """One request between send and end, as the client and the proxy hold it."""
+
+    spec: RequestSpec
+    routed: Routed
+    sent_at: float
+    t0: float
+    warmup: bool
+    done: Done
+    num_prompt_tokens: int
+    first_at: float | None = None
+    last_at: float = 0.0
+    itl: list[float] = field(default_factory=list)
+    num_tokens: int = 0
+
+
+def backend_urls(num_backends: int) -> list[str]:
+    """The simulated backends' URLs (names only: nothing listens)."""
+    width = len(str(max(0, num_backends - 1)))
+    return [f"http://sim-{i:0{width}d}" for i in range(num_backends)]
+
+
+class Simulation:
+    """One router's run over one fleet (module doc)."""
+
+    def __init__(
+        self,
+        spec: RouterSpec,
+        profile: EngineProfile,
+        num_backends: int,
+        workload: Workload,
+        load: LoadConfig,
+        *,
+        timing: Timing | None = None,
+        fast_forward: bool = True,
+        progress: ProgressFn | None = None,
+        encoder: PromptEncoder | None = None,
+    ) -> None:
+        self.profile = profile
+        self.timing = timing or Timing()
+        self.queue = EventQueue()
+        self.urls = backend_urls(num_backends)
+        self.router = SimRouter(spec, self.urls, profile.name)
+        exact = self.router.exact
+        self.backends = {
+            url: SimBackend(
+                url,
+                Engine(profile, enable_kv_events=exact),
+                self.queue,
+                self,
+                fast_forward=fast_forward and not exact,
+                kv_events=exact,
+            )
+            for url in self.urls
+        }
+        self.clients = VirtualClients(self.queue, workload, load, self._submit, progress=progress)
+        self.encoder = encoder or PromptEncoder()
+        self.log = PromptLog(profile.block_size)
+        self._in_flight: dict[str, _InFlight] = {}
+        self._next_id = 0
+        self._running = True
+        self._before: dict[str, EngineCounters] = {}
+        self._after: dict[str, EngineCounters] = {}
+        self._arrive_delay = self.timing.request_overhead_s + profile.a_api_ms / 1000.0
+
+    # -- the run ------------------------------------------------------------------------
+
+    def run(self) -> None:
+        self._scrape(0.0, None)
+        self.clients.start(0.0, self._on_run_start, self._on_run_end)
+        self.queue.run()
+        assert not self._in_flight, "the run ended with requests in flight"
+
+    def _on_run_start(self, at: float) -> None:
+        self._before = self._counters(at)
+
+    def _on_run_end(self, at: float) -> None:
+        self._after = self._counters(at)
+        self._running = False  # scrapes stop; the queue runs dry
+
+    def engine_deltas(self) -> dict[str, EngineDelta]:
+        """What each engine counted during the measured run."""
+        return engine_deltas(self._before, self._after)
+
+    def _counters(self, at: float) -> dict[str, EngineCounters]:
+        out = {}
+        for url, backend in self.backends.items():
+            s = backend.stats(at)
+            out[url] = EngineCounters(s.prefix_cache_queries, s.prefix_cache_hits, None)
+        return out
+
+    def _scrape(self, at: float, _: Any) -> None:
+        if not self._running:
+            return
+        for url, backend in self.backends.items():
+            self.router.scraped(url, backend.stats(at))
+        interval = self.router.scrape_interval_s
+        if interval > 0:
+            self.queue.push(at + interval, OBSERVE, self._scrape)
+
+    # -- requests -----------------------------------------------------------------------
+
+    def _submit(self, at: float, spec: RequestSpec, t0: float, warmup: bool, done: Done) -> None:
+        text = spec.prompt_text()
+        ids = self.encoder.encode(text)
+        profile = self.profile
+        problem = _refusal(len(ids), spec.max_tokens, profile)
+        self._next_id += 1
+        rid = f"{self._next_id:x}"
+        if problem is None:
+            self.log.add(
+                token_block_hashes(ids, profile.block_size, ROOT_SEED), len(ids), counted=not warmup
+            )
+            routed = self.router.route(at, rid, text, ids, spec.max_tokens, spec.headers)
+            if routed is None:
+                problem = "no backend may take the request"
+        if problem is not None or routed is None:
+            done(at, _failed(spec, at - t0, warmup, problem or "", len(ids)))
+            return
+        self._in_flight[rid] = _InFlight(spec, routed, at, t0, warmup, done, len(ids))
+        backend = self.backends[routed.decision.backend]
+        arrive = (rid, ids, spec.max_tokens)
+        self.queue.push(at + self._arrive_delay, ARRIVE, backend.on_arrive, arrive)
+
+    # -- what the engines hand out (des/backend.py's Outputs) ----------------------------
+
+    def on_outputs(self, backend: SimBackend, outputs: list[TokenOutput], at: float) -> None:
+        in_flight = self._in_flight
+        for out in outputs:
+            r = in_flight[out.request_id]
+            r.num_tokens += 1
+            if r.first_at is None:
+                r.first_at = at
+                self.router.first_token(r.routed, at)
+            else:
+                r.itl.append(at - r.last_at)
+            r.last_at = at
+            if out.finish_reason is not None:
+                del in_flight[out.request_id]
+                self._finish(r, at, out.num_cached_tokens)
+
+    def on_decode_tokens(
+        self, backend: SimBackend, request_ids: Sequence[str], times: Sequence[float]
+    ) -> None:
+        in_flight = self._in_flight
+        for rid in request_ids:
+            r = in_flight[rid]
+            last, itl = r.last_at, r.itl
+            for t in times:
+                itl.append(t - last)
+                last = t
+            r.last_at = last
+            r.num_tokens += len(times)
+
+    def on_kv_events(self, backend: SimBackend, events: list[KvEvent], at: float) -> None:
+        self.queue.push(
+            at + self.timing.kv_event_delay_s, OBSERVE, self._deliver_kv, (backend.url, at, events)
+        )
+
+    def _deliver_kv(self, at: float, arg: tuple[str, float, list[KvEvent]]) -> None:
+        url, published_at, events = arg
+        self.router.kv_batch(url, published_at, events, at)
+
+    def _finish(self, r: _InFlight, at: float, cached: int) -> None:
+        self.router.finished(r.routed, at, prompt_tokens=r.num_prompt_tokens, cached_tokens=cached)
+        assert r.first_at is not None, "a finished request had a first token"
+        spec = r.spec
+        record = RequestRecord(
+            request_id=spec.request_id,
+            prefix_group=spec.prefix_group,
+            session_id=spec.session_id,
+            turn=spec.turn,
+            start_s=r.sent_at - r.t0,
+            ok=True,
+            ttft_s=r.first_at - r.sent_at,
+            itl_s=tuple(r.itl),
+            e2e_s=at - r.sent_at,
+            prompt_tokens=r.num_prompt_tokens,
+            output_tokens=r.num_tokens,
+            cached_tokens=cached,
+            backend=r.routed.decision.backend,
+            decision=str(r.routed.decision.reason),
+            status=200,
+            warmup=r.warmup,
+        )
+        r.done(at, record)
+
+
+def _refusal(num_tokens: int, max_tokens: int, profile: EngineProfile) -> str | None:
+    """Why an engine would answer 400 (the engine's own checks), or None."""
+    limit = profile.max_model_len
+    if num_tokens + max_tokens > limit:
+        return (
+            f"HTTP 400: prompt ({num_tokens} tokens) + max_tokens ({max_tokens}) exceeds "
+            f"max_model_len ({limit})"
+        )
+    if -(-(num_tokens + max_tokens) // profile.block_size) > profile.num_gpu_blocks:
+        return "HTTP 400: the request needs more KV blocks than the whole cache holds"
+    return None
+
+
+def _failed(
+    spec: RequestSpec, start_s: float, warmup: bool, error: str, num_tokens: int
+) -> RequestRecord:
+    return RequestRecord(
+        request_id=spec.request_id,
+        prefix_group=spec.prefix_group,
+        session_id=spec.session_id,
+        turn=spec.turn,
+        start_s=start_s,
+        ok=False,
+        ttft_s=None,
+        itl_s=(),
+        e2e_s=0.0,
+        prompt_tokens=num_tokens,
+        output_tokens=0,
+        cached_tokens=None,
+        backend=None,
+        decision=None,
+        status=400 if error.startswith("HTTP 400") else 503,
+        error=error,
+        warmup=warmup,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Speed:
+    """How fast the simulator ran (wall clock: not part of the deterministic result)."""
+
+    wall_s: float  # the run, ceilings included
+    engine_time_s: float  # virtual seconds simulated (warm-up included)
+    num_requests: int  # requests simulated (warm-up included)
+    peak_traced_bytes: int | None  # Python allocations at their peak (tracemalloc), if measured
+
+    @property
+    def x_real_time(self) -> float:
+        return self.engine_time_s / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def requests_per_s(self) -> float:
+        return self.num_requests / self.wall_s if self.wall_s > 0 else 0.0
+
+    def to_json(self) -> dict[str, float | int | None]:
+        return {
+            "wall_s": self.wall_s,
+            "engine_time_s": self.engine_time_s,
+            "x_real_time": self.x_real_time,
+            "requests": self.num_requests,
+            "requests_per_s": self.requests_per_s,
+            "peak_traced_bytes": self.peak_traced_bytes,
+        }
+
+
+def simulate_router(
+    spec: RouterSpec,
+    profile: EngineProfile,
+    num_backends: int,
+    workload: Workload,
+    load: LoadConfig,
+    *,
+    timing: Timing | None = None,
+    fast_forward: bool = True,
+    progress: ProgressFn | None = None,
+    measure_memory: bool = False,
+    extra_config: dict[str, Any] | None = None,
+) -> tuple[BenchResult, Speed]:
+    """Run ``workload`` under ``load`` through ``spec`` on ``num_backends`` engines.
+
+    The result is a function of the arguments alone (no clock, no date in it): the same
+    seed gives the same bytes. How fast it ran comes back apart, as ``Speed``.
+    """
+    if measure_memory:
+        tracemalloc.start()
+    wall0 = time.perf_counter()
+    sim = Simulation(
+        spec, profile, num_backends, workload, load,
+        timing=timing, fast_forward=fast_forward, progress=progress,
+    )  # fmt: skip
+    sim.run()
+    records = sim.clients.records
+    t0, end = sim.clients.t0 or 0.0, sim.clients.end or 0.0
+    result = summarize(records, end - t0)
+    result.update(fleet_results(records, sim.engine_deltas()))
+    result.update(ceilings(sim.log, num_backends * profile.num_gpu_blocks).to_json())
+    result["cache_ceiling_block_size"] = profile.block_size
+    result["simulation"] = {
+        "events": sim.queue.num_events,
+        "engine_steps": sum(b.num_steps for b in sim.backends.values()),
+        "fast_forwards": sum(b.num_spans for b in sim.backends.values()),
+        "engine_time_s": end,
+    }
+    result.update(
+        workload=workload.describe(),
+        router=spec.name,
+        config={
+            "target": "kvroute simulate",
+            "model": profile.name,
+            "backend_metrics": list(sim.urls),
+            "unreadable_metrics": [],
+            "load": load.to_json(),
+            "time_unit": "engine seconds (virtual time)",
+            "speedup": 1.0,
+            "profile": profile.name,
+            "num_backends": num_backends,
+            "router_kind": spec.kind,
+            "router_policy": spec.policy,
+            "request_overhead_s": sim.timing.request_overhead_s,
+            "kv_event_delay_s": sim.timing.kv_event_delay_s,
+            "fast_forward": fast_forward,
+            **(extra_config or {}),
+        },
+    )
+    bench = BenchResult(result, records)
+    add_decision_analysis(bench)
+    peak = tracemalloc.get_traced_memory()[1] if measure_memory else None
+    if measure_memory:
+        tracemalloc.stop()
+    speed = Speed(time.perf_counter() - wall0, end, len(records), peak)
+    return bench, speed

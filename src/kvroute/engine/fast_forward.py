@@ -1,0 +1,91 @@
+"""Decode fast-forward: many decode-only steps of an engine at once, equal to stepping.
+
+Between arrivals, finishes and prefill chunks, an engine's steps are all alike: every
+running request decodes one token, the batch keeps its size B, and only the context
+grows (by B tokens a step). Such a step's time is ``t_fwd0 + k_ctx * ctx + per_seq * B``
+(engine/step_time.py) with ``ctx`` the only term that moves, so the steps ahead are known
+without running them: ``decode_span`` gives their durations, and how many there can be
+before something changes (a request reaches its length, or the blocks run out), from the
+state alone. ``advance_decodes`` then applies k of them in one call: each request gets its
+k tokens and its new blocks in the order stepping would give them, without building a
+batch, a cost record or a token object per step.
+
+The discrete-event simulator (kvroute.des) uses the two to treat such a run as one event
+and to materialise it only when something looks at the engine. Equality with stepping is
+by construction (the same block calls in the same order, the same duration function on
+the same terms) and tested (tests/engine/test_fast_forward.py, tests/des/).
+"""
+
+from __future__ import annotations
+
+from kvroute.engine.engine import Engine
+from kvroute.engine.step_time import StepWork
+
+
+def decode_batch(engine: Engine) -> int:
+    """B when the engine's next step is decode-only and fast-forward is exact, else 0.
+
+    Decode-only: nothing waits, every running request has its whole context computed
+    but its last sampled token, and the budget covers one token each. Jittered step
+    times draw from a random stream per step, so they are never fast-forwarded.
+    """
+    s = engine.scheduler
+    running = s.running
+    if s.waiting or not running or engine.step_time.jitter:
+        return 0
+    if len(running) > s.max_num_batched_tokens:
+        return 0
+    for req in running:
+        n = len(req.token_ids)
+        if req.num_computed_tokens != n - 1 or n <= req.num_prompt_tokens:
+            return 0
+    return len(running)
+
+
+def decode_span(engine: Engine, max_steps: int) -> list[float]:
+    """Durations (engine seconds) of the decode-only steps ahead, at most ``max_steps``,
+    that neither finish a request nor need more blocks than are free; [] when the next
+    step is not decode-only (``decode_batch``). Reads the engine, changes nothing."""
+    batch = decode_batch(engine)
+    if not batch or max_steps < 1:
+        return []
+    running = engine.scheduler.running
+    limit = engine.profile.max_model_len
+    bs = engine.block_manager.block_size
+    ctx = 0
+    steps = max_steps
+    need_at = [0] * bs  # requests that take a new block at steps j with j % bs == i
+    for req in running:
+        n = len(req.token_ids)
+        ctx += n
+        # tokens before the request finishes: a step without a finish leaves one more
+        left = min(req.max_tokens - (n - req.num_prompt_tokens), limit - n)
+        steps = min(steps, left - 1)
+        # step j computes token n + j (1-based): a new block when it starts one
+        first = (-(n - 1)) % bs  # first step j with (n - 1 + j) % bs == 0
+        need_at[first] += 1
+    free = engine.block_manager.num_free_blocks
+    durations: list[float] = []
+    duration_s = engine.step_time.duration_s
+    for j in range(max(0, steps)):
+        free -= need_at[j % bs]
+        if free < 0:
+            break
+        durations.append(duration_s(StepWork(0, 0.0, ctx + j * batch, batch)))
+    return durations
+
+
+def advance_decodes(engine: Engine, num_steps: int) -> None:
+    """Apply ``num_steps`` decode-only steps, as ``decode_span`` allowed (its length at
+    most): the same state as ``num_steps`` calls of ``engine.step()``, outputs dropped."""
+    running = engine.scheduler.running
+    append_slots = engine.block_manager.append_slots
+    next_token = engine.next_token
+    for _ in range(num_steps):
+        for req in running:
+            ok = append_slots(req, 1)
+            assert ok, "advance_decodes past decode_span's block bound"
+        for req in running:
+            req.num_computed_tokens += 1
+            ids = req.token_ids
+            ids.append(next_token(req.request_id, len(ids) - req.num_prompt_tokens))

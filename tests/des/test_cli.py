@@ -1,0 +1,46 @@
+"""``kvroute simulate`` from the command line: compare's outputs, the ceilings, speed.json."""
+
+from __future__ import annotations
+
+import json
+
+from kvroute.cli import main
+from tests.bench.test_cli import DESIGN_KEYS
+
+from .helpers import SMALL
+
+
+def test_help_names_the_simulator(capsys) -> None:
+    try:
+        main(["simulate", "--help"])
+    except SystemExit as exc:
+        assert exc.code == 0
+    out = capsys.readouterr().out
+    assert "--kv-event-delay-ms" in out and "virtual time" in out
+
+
+def test_a_small_run_writes_compares_outputs_and_the_ceilings(tmp_path, capsys) -> None:
+    out = tmp_path / "run"
+    args = ["simulate", "--workload", "gsp", "--backends", "3", "--num-requests", "50"]
+    args += [f"--workload-arg={k}={v}" for k, v in SMALL["gsp"].items()]
+    args += ["--routers", "round_robin,kvroute,sglang", "--out", str(out), "--quiet"]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "simulated: times are engine time" in printed
+    assert "Belady" in printed and "x real time" in printed
+    data = json.loads((out / "compare.json").read_text())
+    assert "runs only in `kvroute compare`" in data["sglang"]["skipped"]
+    for name in ("round_robin", "kvroute"):
+        result = data[name]
+        assert set(result) >= DESIGN_KEYS | {"belady_hit_rate", "pooled_lru_hit_rate"}
+        assert result["completed"] == 50
+        assert result["engine_prefix_hit_rate"] <= result["belady_hit_rate"]
+    assert data["kvroute"]["decision_analysis"]
+    assert (out / "compare_ttft_cdf.png").exists() and (out / "kvroute" / "records.jsonl").exists()
+    speed = json.loads((out / "speed.json").read_text())
+    assert speed["kvroute"]["requests"] == 50 and speed["kvroute"]["x_real_time"] > 0
+
+
+def test_a_bad_workload_is_a_usage_error(capsys) -> None:
+    assert main(["simulate", "--workload", "nope", "--quiet", "--no-plots"]) == 2
+    assert "nope" in capsys.readouterr().err

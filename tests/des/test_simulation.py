@@ -1,0 +1,147 @@
+"""The discrete-event simulator: exact on a hand-computed scenario, fast-forward equal to
+stepping, deterministic (also across PYTHONHASHSEED), ceilings that bound every router."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from kvroute.bench.load import default_load
+from kvroute.bench.procs import parse_router
+from kvroute.bench.workloads.mooncake import MooncakeParams, MooncakeReplay, TraceRow
+from kvroute.des.simulation import Timing, simulate_router
+
+from .helpers import SMALL, canonical, simulate, small_profile
+
+ROUTERS = ("round_robin", "consistent_hash", "kvroute", "kvroute-exact")
+
+
+def test_a_hand_computed_scenario_is_reproduced_exactly() -> None:
+    # One engine, step = 10 ms + 1 ms per prefill token; 4-token blocks. Two requests of the
+    # same 9-token prompt, 1 s apart, 2 output tokens each:
+    #   r0: prefill 9 tokens (19 ms) -> first token at 0.019; a decode (10 ms) -> end 0.029
+    #   r1: 8 tokens cached (2 blocks; the 9th is computed), prefill 1 (11 ms), decode 10 ms
+    profile = small_profile(
+        block_size=4, kv_capacity_tokens=64, max_model_len=64, t_fwd0_ms=10.0,
+        b_ms_per_token=1.0, c_ms_per_pair=0.0, k_ctx_ms_per_token=0.0, per_seq_ms=0.0,
+        a_api_ms=0.0,
+    )  # fmt: skip
+    rows = [TraceRow(0.0, 9, 2, (1,)), TraceRow(1000.0, 9, 2, (1,))]
+    workload = MooncakeReplay(rows, MooncakeParams(spread_ms=0.0))
+    load = default_load(workload)
+    bench, _ = simulate_router(
+        parse_router("round_robin"), profile, 1, workload, load, timing=Timing(0.0, 0.0)
+    )
+    r0, r1 = sorted(bench.records, key=lambda r: r.start_s)
+    assert (r0.start_s, r1.start_s) == (0.0, 1.0)
+    assert r0.ttft_s == pytest.approx(0.019, abs=1e-12)
+    assert r0.e2e_s == pytest.approx(0.029, abs=1e-12)
+    assert r0.itl_s == pytest.approx((0.010,), abs=1e-12)
+    assert r1.ttft_s == pytest.approx(0.011, abs=1e-12)
+    assert r1.e2e_s == pytest.approx(0.021, abs=1e-12)
+    assert (r0.cached_tokens, r1.cached_tokens) == (0, 8)
+    result = bench.result
+    assert result["engine_prefix_hit_rate"] == 8 / 18
+    assert result["cache_ceiling_hit_rate"] == 8 / 18
+    assert result["pooled_lru_hit_rate"] == 8 / 18 and result["belady_hit_rate"] == 8 / 18
+    assert result["completed"] == 2 and result["duration"] == pytest.approx(1.021, abs=1e-12)
+
+
+@pytest.mark.parametrize("router", ROUTERS)
+@pytest.mark.parametrize("workload", ["ranvier-stress", "gsp", "multiturn"])
+def test_fast_forward_gives_exactly_what_stepping_gives(workload: str, router: str) -> None:
+    stepped = simulate(router, workload, fast_forward=False, num_requests=80)
+    fast = simulate(router, workload, num_requests=80)
+    assert canonical(fast) == canonical(stepped)
+    assert fast.result["simulation"]["fast_forwards"] > 0 or router == "kvroute-exact"
+    assert fast.result["simulation"]["engine_steps"] == stepped.result["simulation"]["engine_steps"]
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_fast_forward_equals_stepping_under_an_open_loop_with_a_tight_cache(seed: int) -> None:
+    args = {"workload": "gsp", "seed": seed, "num_requests": 100, "mode": "open", "rates": (6.0,)}
+    profile = small_profile(kv_capacity_tokens=2_496, max_model_len=2_496)
+    stepped = simulate("kvroute", **args, fast_forward=False, profile=profile)
+    fast = simulate("kvroute", **args, profile=profile)
+    assert canonical(fast) == canonical(stepped)
+
+
+def test_the_same_seed_gives_the_same_bytes_and_another_seed_does_not() -> None:
+    a, b = simulate("kvroute", seed=3), simulate("kvroute", seed=3)
+    assert canonical(a) == canonical(b)
+    assert canonical(simulate("kvroute", seed=4)) != canonical(a)
+
+
+def test_outputs_are_byte_identical_across_hash_seeds(tmp_path) -> None:
+    def run(hash_seed: str) -> tuple[bytes, bytes]:
+        out = tmp_path / hash_seed
+        args = [sys.executable, "-m", "kvroute.cli", "simulate", "--workload", "gsp"]
+        args += [f"--workload-arg={k}={v}" for k, v in SMALL["gsp"].items()]
+        args += ["--backends", "3", "--routers", "kvroute,kvroute-exact", "--num-requests", "60"]
+        args += ["--out", str(out), "--no-plots", "--quiet"]
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+        subprocess.run(args, env=env, check=True, capture_output=True, timeout=300)
+        records = b"".join(
+            (out / n / "records.jsonl").read_bytes() for n in ("kvroute", "kvroute-exact")
+        )
+        return (out / "compare.json").read_bytes(), records
+
+    assert run("1") == run("4242")
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("workload", ["gsp", "multiturn", "zipf-hot"])
+def test_belady_bounds_every_router_and_pooled_lru(workload: str, seed: int) -> None:
+    profile = small_profile(kv_capacity_tokens=1_792, max_model_len=1_792)
+    for router in ROUTERS:
+        r = simulate(router, workload, seed=seed, num_requests=60, profile=profile).result
+        if r["engine_prefix_hit_rate"] is None:
+            continue
+        assert r["engine_prefix_hit_rate"] <= r["belady_hit_rate"] + 1e-12, router
+        assert r["pooled_lru_hit_rate"] <= r["belady_hit_rate"] + 1e-12
+        assert r["belady_hit_rate"] <= r["cache_ceiling_hit_rate"] + 1e-12
+
+
+def test_results_carry_compare_keys_and_engine_time() -> None:
+    from tests.bench.test_cli import DESIGN_KEYS
+
+    r = simulate("kvroute", "ranvier-stress").result
+    assert set(r) >= DESIGN_KEYS
+    assert r["completed"] == 120 and r["failed"] == 0
+    assert r["config"]["time_unit"].startswith("engine seconds")
+    assert len(r["per_backend"]) == 3
+    assert sum(row["num_requests"] for row in r["per_backend"]) == 120
+    assert r["router_stickiness"] is not None
+
+
+def test_warm_up_is_left_out_and_precedes_the_run() -> None:
+    bench = simulate("kvroute", "ranvier-stress", num_warmup=10)
+    warm = [r for r in bench.records if r.warmup]
+    assert len(warm) >= 10 and bench.result["completed"] == 120
+    assert len(bench.records) == len(warm) + 120
+
+
+def test_duration_bounds_the_run_in_engine_time() -> None:
+    w = simulate("round_robin", "ranvier-stress", num_requests=None, duration_s=20.0)
+    assert all(r.start_s < 20.0 for r in w.records)
+    assert w.result["completed"] > 0
+
+
+def test_a_prompt_too_long_for_the_engine_fails_with_400_and_is_not_routed() -> None:
+    profile = small_profile(kv_capacity_tokens=496, max_model_len=496)
+    bench = simulate("kvroute", "gsp", profile=profile, num_requests=10)
+    assert bench.result["failed"] == 10
+    assert {r.status for r in bench.records} == {400}
+    assert all(r.backend is None for r in bench.records)
+
+
+def test_records_match_the_engine_counters() -> None:
+    bench = simulate("kvroute", "multiturn")
+    cached = sum(r.cached_tokens or 0 for r in bench.records if not r.warmup)
+    rows = bench.result["per_backend"]
+    assert cached == sum(row["prefix_cache_hits"] for row in rows)
+    prompt = sum(r.prompt_tokens for r in bench.records if not r.warmup)
+    assert prompt == sum(row["prefix_cache_queries"] for row in rows)
