@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""Fidelity of ``kvroute simulate`` against ``kvroute compare`` (issue 13): one table.
+
+For each workload, runs the HTTP rig (``kvroute compare``: real processes, real sockets,
+engines at ``--speedup``) and the simulator (``kvroute simulate``: the same workload,
+load, fleet and routers in virtual time, for speedup x the duration), then prints both
+side by side in engine time (the rig's wall times x speedup, its req/s / speedup) with
+the differences and whether each is inside the bar: engine hit rate within 2 points,
+P50 and P99 TTFT within 15 %, throughput within 5 %.
+
+    python scripts/des_fidelity.py --out runs/fidelity            # the four workloads
+    python scripts/des_fidelity.py --workloads gsp --routers kvroute --duration 30
+
+Writes fidelity.json and fidelity.md in --out, and each run's own folder beside them.
+The rig runs one router at a time; keep the machine otherwise idle while it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+TRACE = (
+    Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
+)
+WORKLOADS: dict[str, list[str]] = {
+    "ranvier-stress": ["--workload", "ranvier-stress", "--concurrency", "30", "--num-warmup", "60"],
+    "gsp": ["--workload", "gsp"],
+    "zipf-hot": ["--workload", "zipf-hot"],
+    "mooncake-slice": [
+        "--workload", "mooncake", "--trace", str(TRACE),
+        "--workload-arg", "max_requests=1500", "--workload-arg", "input_scale=0.1",
+        "--workload-arg", "output_cap=64",
+    ],
+}  # fmt: skip
+BARS = {"hit_pp": 2.0, "ttft_pct": 15.0, "throughput_pct": 5.0}
+
+
+def run(cmd: list[str]) -> None:
+    print("$ " + " ".join(cmd), file=sys.stderr, flush=True)
+    subprocess.run(cmd, check=True)
+
+
+def figures(result: dict, speedup: float) -> dict[str, float | None]:
+    """Engine-time figures of one router's result (``speedup``: the rig's)."""
+    return {
+        "hit": result.get("engine_prefix_hit_rate"),
+        "p50": result["median_ttft_ms"] * speedup,
+        "p99": result["p99_ttft_ms"] * speedup,
+        "rps": result["request_throughput"] / speedup,
+        "completed": result["completed"],
+    }
+
+
+def pct(sim: float, rig: float) -> float | None:
+    return None if not rig else 100.0 * (sim - rig) / rig
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--workloads", default=",".join(WORKLOADS))
+    p.add_argument("--routers", default="round_robin,consistent_hash,kvroute,kvroute-exact")
+    p.add_argument("--backends", type=int, default=8)
+    p.add_argument("--profile", default="codellama-13b-a100-40g")
+    p.add_argument("--speedup", type=float, default=4.0)
+    p.add_argument("--duration", type=float, default=60.0, help="rig wall seconds per router")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="runs/fidelity")
+    p.add_argument("--skip-rig", action="store_true", help="reuse the rig's runs in --out")
+    args = p.parse_args()
+    out = Path(args.out)
+    kv = [sys.executable, "-m", "kvroute.cli"]
+    common = ["--backends", str(args.backends), "--profile", args.profile, "--routers",
+              args.routers, "--seed", str(args.seed), "--no-plots", "--quiet"]  # fmt: skip
+    rows = []
+    for name in args.workloads.split(","):
+        wl = WORKLOADS[name]
+        rig_dir, sim_dir = out / f"{name}-rig", out / f"{name}-sim"
+        if not args.skip_rig:
+            run([*kv, "compare", *wl, *common, "--speedup", str(args.speedup),
+                 "--duration", str(args.duration), "--out", str(rig_dir)])  # fmt: skip
+        run([*kv, "simulate", *wl, *common, "--duration", str(args.duration * args.speedup),
+             "--out", str(sim_dir)])  # fmt: skip
+        rig = json.loads((rig_dir / "compare.json").read_text())
+        sim = json.loads((sim_dir / "compare.json").read_text())
+        for router in args.routers.split(","):
+            if "error" in rig.get(router, {"error": 1}) or "error" in sim.get(router, {"error": 1}):
+                continue
+            a, b = figures(rig[router], args.speedup), figures(sim[router], 1.0)
+            row = {"workload": name, "router": router, "rig": a, "sim": b}
+            row["hit_pp"] = (
+                None if a["hit"] is None or b["hit"] is None else 100.0 * (b["hit"] - a["hit"])
+            )
+            row["p50_pct"], row["p99_pct"] = pct(b["p50"], a["p50"]), pct(b["p99"], a["p99"])
+            row["rps_pct"] = pct(b["rps"], a["rps"])
+            rows.append(row)
+    table = format_table(rows)
+    print(table)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "fidelity.json").write_text(
+        json.dumps({"args": vars(args), "bars": BARS, "rows": rows}, indent=2) + "\n"
+    )
+    (out / "fidelity.md").write_text(table + "\n")
+    return 0
+
+
+def _mark(value: float | None, bar: float) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:+.1f}" + ("" if abs(value) <= bar else " !")
+
+
+def format_table(rows: list[dict]) -> str:
+    head = ("| workload | router | hit rig / sim (pp) | P50 ms rig / sim (%) | "
+            "P99 ms rig / sim (%) | req/s rig / sim (%) |")  # fmt: skip
+    lines = [head, "|---|---|---|---|---|---|"]
+    for r in rows:
+        a, b = r["rig"], r["sim"]
+        hit = (
+            "n/a"
+            if a["hit"] is None or b["hit"] is None
+            else f"{100 * a['hit']:.1f} / {100 * b['hit']:.1f} "
+            f"({_mark(r['hit_pp'], BARS['hit_pp'])})"
+        )
+        lines.append(
+            f"| {r['workload']} | {r['router']} | {hit} | "
+            f"{a['p50']:.0f} / {b['p50']:.0f} ({_mark(r['p50_pct'], BARS['ttft_pct'])}) | "
+            f"{a['p99']:.0f} / {b['p99']:.0f} ({_mark(r['p99_pct'], BARS['ttft_pct'])}) | "
+            f"{a['rps']:.2f} / {b['rps']:.2f} ({_mark(r['rps_pct'], BARS['throughput_pct'])}) |"
+        )
+    lines.append(
+        "(engine time; `!` marks a figure outside its bar: hit 2 pp, TTFT 15 %, req/s 5 %)"
+    )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
