@@ -40,3 +40,14 @@ def test_the_cache_stays_within_its_bound() -> None:
     for i in range(200):
         encoder.encode(f"prompt number {i} with some words in it")
     assert encoder._chars <= 100
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    words=st.lists(st.text(alphabet="abcXYZ", min_size=1, max_size=6), min_size=1, max_size=60),
+    lead=st.booleans(),
+    chunk=st.integers(1, 30),
+)
+def test_word_texts_split_on_spaces_equal_a_tokenization(words, lead, chunk) -> None:
+    text = (" " if lead else "") + " ".join(words)  # words of 5+ letters take two tokens
+    assert PromptEncoder(chunk_chars=chunk).encode(text) == Tokenizer().encode(text)

@@ -120,8 +120,7 @@ def describe_run(config: Mapping[str, Any]) -> str:
         clock = "times are wall-clock"
     else:
         clock = (
-            f"engines at speedup {speedup:g}: times are wall-clock "
-            f"(engine time = {speedup:g} x)"
+            f"engines at speedup {speedup:g}: times are wall-clock (engine time = {speedup:g} x)"
         )
     load = config.get("load", {})
     users = f", {load['num_users']} users" if load.get("mode") == "closed" else ""

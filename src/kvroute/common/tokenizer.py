@@ -116,12 +116,16 @@ class Tokenizer:
         return token_id
 
     def encode(self, text: str) -> list[int]:
-        lookup = self._piece_to_id.get  # a rotation mid-text leaves it on the old generation
-        ids = []
-        for piece in _pieces(text):
-            token_id = lookup(piece)
-            ids.append(self._learn(piece) if token_id is None else token_id)
-        return ids
+        pieces = _pieces(text)
+        # known pieces in one C pass; then the unknown ones, learnt in order (a rotation
+        # mid-text leaves the lookup above on the old generation, as before)
+        ids: list[int | None] = list(map(self._piece_to_id.get, pieces))
+        if None in ids:
+            learn = self._learn
+            for i, token_id in enumerate(ids):
+                if token_id is None:
+                    ids[i] = learn(pieces[i])
+        return ids  # type: ignore[return-value] (no None left)
 
     def count(self, text: str) -> int:
         """Number of tokens of ``text``, without building the id list."""

@@ -26,7 +26,10 @@ from kvroute.des.events import STEP, EventQueue
 from kvroute.engine.engine import Engine, EngineStats, TokenOutput
 from kvroute.engine.fast_forward import advance_decodes, decode_span
 
-MAX_SPAN_STEPS = 4096  # decode steps taken in one fast-forward at most
+# decode steps taken in one fast-forward at most: a run is usually cut sooner (a request
+# arrives), and the durations of steps never taken are wasted work; a longer run is
+# taken as several fast-forwards, one after the other
+MAX_SPAN_STEPS = 128
 MIN_SPAN_STEPS = 2  # below this a fast-forward saves nothing
 
 
@@ -81,17 +84,24 @@ class SimBackend:
         self.num_spans = 0  # fast-forwards taken
 
     def add_request(
-        self, at: float, request_id: str, token_ids: Sequence[int], max_tokens: int
+        self,
+        at: float,
+        request_id: str,
+        token_ids: Sequence[int],
+        max_tokens: int,
+        block_hashes: list[int] | None = None,
     ) -> None:
-        """A request enters the engine at ``at`` (ValueError when it refuses it)."""
+        """A request enters the engine at ``at`` (ValueError when it refuses it);
+        ``block_hashes``: its prompt's, when known (the engine keeps the list)."""
         self.catch_up(at)
-        self.engine.add_request(request_id, token_ids, max_tokens)
+        self.engine.add_request(request_id, token_ids, max_tokens, block_hashes=block_hashes)
         if not self._busy:
             self._busy = True
             self._queue.push(at, STEP, self._on_step, self._version)
 
-    def on_arrive(self, at: float, arg: tuple[str, Sequence[int], int]) -> None:
-        """The ARRIVE event: ``add_request`` with (request id, token ids, max tokens)."""
+    def on_arrive(self, at: float, arg: tuple[str, Sequence[int], int, list[int]]) -> None:
+        """The ARRIVE event: ``add_request`` with (request id, token ids, max tokens,
+        block hashes)."""
         self.add_request(at, *arg)
 
     def stats(self, at: float) -> EngineStats:

@@ -19,6 +19,9 @@ from collections import OrderedDict
 from kvroute.common.tokenizer import Tokenizer, default_tokenizer
 
 _CUT = re.compile(r"(?<=\S) (?=\S)")
+# text of short words between single spaces: each word is one token of the built-in
+# tokenizer (its piece ``" ?[A-Za-z]{1,4}"``), so splitting on spaces tokenizes it
+_WORDS = re.compile(r" ?[A-Za-z]{1,4}(?: [A-Za-z]{1,4})*")
 
 
 class PromptEncoder:
@@ -38,6 +41,7 @@ class PromptEncoder:
         self._max_chars = max_cached_chars
         self._chunks: OrderedDict[str, tuple[int, ...]] = OrderedDict()
         self._chars = 0
+        self._spaced_ids: dict[str, int] = {}  # word -> id of the piece " word"
 
     def encode(self, text: str) -> list[int]:
         ids: list[int] = []
@@ -54,7 +58,10 @@ class PromptEncoder:
         if cached is not None:
             self._chunks.move_to_end(chunk)
             return cached
-        ids = tuple(self._tokenizer.encode(chunk))
+        if _WORDS.fullmatch(chunk):
+            ids = self._words(chunk)
+        else:
+            ids = tuple(self._tokenizer.encode(chunk))
         if len(chunk) <= self._max_chars:
             self._chunks[chunk] = ids
             self._chars += len(chunk)
@@ -62,3 +69,19 @@ class PromptEncoder:
                 old, _ = self._chunks.popitem(last=False)
                 self._chars -= len(old)
         return ids
+
+    def _words(self, chunk: str) -> tuple[int, ...]:
+        """Ids of a text ``_WORDS`` matches: one per word (the first without its space
+        when the text does not start with one)."""
+        words = chunk.split(" ")
+        first = words[0]
+        ids = list(map(self._spaced_ids.get, words[1:]))  # " word" by its word
+        if None in ids:
+            encode = self._tokenizer.encode
+            for i, token_id in enumerate(ids):
+                if token_id is None:
+                    word = words[i + 1]
+                    ids[i] = self._spaced_ids[word] = encode(" " + word)[0]
+        if first:
+            ids.insert(0, self._tokenizer.encode(first)[0])
+        return tuple(ids)  # type: ignore[arg-type] (no None left)

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvroute.bench.procs import RouterSpec
-from kvroute.common.hashing import ROOT_SEED, token_block_hashes
+from kvroute.common.hashing import ROOT_SEED
 from kvroute.common.kv_events import KvEvent
 from kvroute.core.fleet import Fleet
 from kvroute.core.keys import text_route_keys
@@ -78,19 +78,22 @@ class SimRouter:
         at: float,
         request_id: str,
         text: str,
-        token_ids: Sequence[int],
+        token_hashes: Sequence[int],
+        num_tokens: int,
         max_tokens: int,
         headers: Sequence[tuple[str, str]],
     ) -> Routed | None:
-        """Decide and dispatch one request at ``at`` (None: no backend may take it)."""
+        """Decide and dispatch one request at ``at`` (None: no backend may take it).
+
+        ``token_hashes``: the prompt's block hashes in the engines' blocks, the keys of
+        exact mode; ``num_tokens``: its length. Text keys are cut here."""
         fleet, model = self.fleet, self.model
-        bs = fleet.block_size_for(model)
         text_bytes: int | None = None
+        keys: Sequence[int]
         if fleet.key_kind_for(model) == "tokens":
-            keys = token_block_hashes(token_ids, bs, ROOT_SEED)
-            num_tokens = len(token_ids)
+            keys = token_hashes  # the engines' block size: the one exact mode keys with
         else:
-            keys, text_bytes = text_route_keys(text, bs, ROOT_SEED)
+            keys, text_bytes = text_route_keys(text, fleet.block_size_for(model), ROOT_SEED)
             num_tokens = fleet.prompt_tokens_estimate(model, text_bytes)
         session = session_hint(dict(headers), {}, self.config.sessions)
         req = RouteRequest(request_id, model, keys, num_tokens, max_tokens, session)

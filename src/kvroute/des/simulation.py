@@ -173,11 +173,13 @@ class Simulation:
         problem = _refusal(len(ids), spec.max_tokens, profile)
         self._next_id += 1
         rid = f"{self._next_id:x}"
+        hashes: list[int] = []
         if problem is None:
-            self.log.add(
-                token_block_hashes(ids, profile.block_size, ROOT_SEED), len(ids), counted=not warmup
+            hashes = token_block_hashes(ids, profile.block_size, ROOT_SEED)
+            self.log.add(hashes, len(ids), counted=not warmup)
+            routed = self.router.route(
+                at, rid, text, hashes, len(ids), spec.max_tokens, spec.headers
             )
-            routed = self.router.route(at, rid, text, ids, spec.max_tokens, spec.headers)
             if routed is None:
                 problem = "no backend may take the request"
         if problem is not None or routed is None:
@@ -185,7 +187,7 @@ class Simulation:
             return
         self._in_flight[rid] = _InFlight(spec, routed, at, t0, warmup, done, len(ids))
         backend = self.backends[routed.decision.backend]
-        arrive = (rid, ids, spec.max_tokens)
+        arrive = (rid, ids, spec.max_tokens, list(hashes))  # the engine extends its copy
         self.queue.push(at + self._arrive_delay, ARRIVE, backend.on_arrive, arrive)
 
     # -- what the engines hand out (des/backend.py's Outputs) ----------------------------

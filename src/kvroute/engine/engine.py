@@ -111,12 +111,20 @@ class Engine:
         max_tokens: int,
         *,
         cache_salt: str | None = None,
+        block_hashes: list[int] | None = None,
     ) -> None:
-        """Queue a request; ValueError when it is malformed or can never fit."""
+        """Queue a request; ValueError when it is malformed or can never fit.
+
+        ``block_hashes``: the prompt's full-block hashes when the caller has them already
+        (``token_block_hashes`` with this engine's block size and the salt's chain root);
+        the engine keeps the list and extends it as output fills blocks.
+        """
         self._validate(request_id, prompt_token_ids, max_tokens)
         seed = chain_seed(cache_salt)
         try:
-            hashes = token_block_hashes(prompt_token_ids, self.profile.block_size, seed)
+            hashes = block_hashes
+            if hashes is None:
+                hashes = token_block_hashes(prompt_token_ids, self.profile.block_size, seed)
         except TypeError:
             raise ValueError("prompt_token_ids must be integers") from None
         req = Request(request_id, prompt_token_ids, max_tokens, hashes, seed, cache_salt)

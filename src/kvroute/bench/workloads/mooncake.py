@@ -157,6 +157,7 @@ class MooncakeReplay(Workload):
         stamps = [r.timestamp_ms for r in self.rows]
         self.bucket_ms = detect_bucket_ms(stamps) if p.spread_ms is None else p.spread_ms
         self._blocks: OrderedDict[int, list[str]] = OrderedDict()  # LRU of block words
+        self._texts: dict[int, str] = {}  # a block's words joined (oldest dropped first)
 
     def _block_words(self, hash_id: int) -> list[str]:
         words = self._blocks.get(hash_id)
@@ -172,14 +173,29 @@ class MooncakeReplay(Workload):
 
     def prompt_for(self, row: TraceRow) -> str:
         """The row's blocks joined and cut to exactly ``input_length`` tokens."""
-        words: list[str] = []
+        texts: list[str] = []
+        count = 0
         for h in row.hash_ids:
-            words.extend(self._block_words(h))
-            if len(words) >= row.input_length:
-                break
-        if len(words) < row.input_length:  # scaled rows may round one word past the blocks
-            words.extend(words[: row.input_length - len(words)] or ["the"])
+            words = self._block_words(h)
+            if count + len(words) > row.input_length:  # the last block, cut
+                texts.append(" ".join(words[: row.input_length - count]))
+                return " ".join(texts)
+            texts.append(self._block_text(h, words))
+            count += len(words)
+            if count == row.input_length:
+                return " ".join(texts)
+        # scaled rows may round one word past the blocks: repeat the first words
+        words = " ".join(texts).split(" ") if texts else []
+        words.extend(words[: row.input_length - len(words)] or ["the"])
         return " ".join(words[: row.input_length])
+
+    def _block_text(self, hash_id: int, words: list[str]) -> str:
+        text = self._texts.get(hash_id)
+        if text is None:
+            text = self._texts[hash_id] = " ".join(words)
+            if len(self._texts) > 4096:
+                self._texts.pop(next(iter(self._texts)))
+        return text
 
     def sessions(self) -> Iterator[Session]:
         """The rows in arrival order; with ``tile`` N, N copies merged by arrival, copy k
