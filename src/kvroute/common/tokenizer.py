@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
+from typing import cast
 
 import xxhash
 
@@ -119,13 +120,11 @@ class Tokenizer:
         pieces = _pieces(text)
         # known pieces in one C pass; then the unknown ones, learnt in order (a rotation
         # mid-text leaves the lookup above on the old generation, as before)
-        ids: list[int | None] = list(map(self._piece_to_id.get, pieces))
-        if None in ids:
-            learn = self._learn
-            for i, token_id in enumerate(ids):
-                if token_id is None:
-                    ids[i] = learn(pieces[i])
-        return ids  # type: ignore[return-value] (no None left)
+        found: list[int | None] = list(map(self._piece_to_id.get, pieces))
+        if None not in found:
+            return cast(list[int], found)
+        learn = self._learn
+        return [learn(p) if t is None else t for p, t in zip(pieces, found, strict=True)]
 
     def count(self, text: str) -> int:
         """Number of tokens of ``text``, without building the id list."""

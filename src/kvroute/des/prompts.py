@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from collections import OrderedDict
+from typing import cast
 
 from kvroute.common.tokenizer import Tokenizer, default_tokenizer
 
@@ -75,13 +76,12 @@ class PromptEncoder:
         when the text does not start with one)."""
         words = chunk.split(" ")
         first = words[0]
-        ids = list(map(self._spaced_ids.get, words[1:]))  # " word" by its word
-        if None in ids:
-            encode = self._tokenizer.encode
-            for i, token_id in enumerate(ids):
-                if token_id is None:
-                    word = words[i + 1]
-                    ids[i] = self._spaced_ids[word] = encode(" " + word)[0]
-        if first:
-            ids.insert(0, self._tokenizer.encode(first)[0])
-        return tuple(ids)  # type: ignore[arg-type] (no None left)
+        found = list(map(self._spaced_ids.get, words[1:]))  # " word" by its word
+        ids = [self._tokenizer.encode(first)[0]] if first else []
+        if None not in found:
+            return (*ids, *cast(list[int], found))
+        for word, token_id in zip(words[1:], found, strict=True):
+            if token_id is None:
+                token_id = self._spaced_ids[word] = self._tokenizer.encode(" " + word)[0]
+            ids.append(token_id)
+        return tuple(ids)
