@@ -50,3 +50,18 @@ def test_lru_le_belady_le_infinite(prompts: list[list[int]], capacity: int) -> N
     lru, opt = pooled_lru_hits(log, capacity), belady_hits(log, capacity)
     assert lru <= opt <= infinite_hits(log)  # a chained block hit implies its prefix was seen
     assert opt <= sum(len(p) for p in prompts)
+
+
+@settings(max_examples=100, deadline=None)
+@given(prompts=st.lists(st.lists(st.integers(0, 9), min_size=1, max_size=5), max_size=25))
+def test_infinite_equals_a_set_of_everything_seen(prompts: list[list[int]]) -> None:
+    chained = [[hash(tuple(p[: i + 1])) & 0xFFFF_FFFF for i in range(len(p))] for p in prompts]
+    seen: set[int] = set()
+    want = 0
+    for blocks in chained:
+        matched = 0
+        while matched < len(blocks) and blocks[matched] in seen:
+            matched += 1
+        want += matched
+        seen.update(blocks)
+    assert infinite_hits(log_of(chained)) == want

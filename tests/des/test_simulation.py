@@ -145,3 +145,23 @@ def test_records_match_the_engine_counters() -> None:
     assert cached == sum(row["prefix_cache_hits"] for row in rows)
     prompt = sum(r.prompt_tokens for r in bench.records if not r.warmup)
     assert prompt == sum(row["prefix_cache_queries"] for row in rows)
+
+
+def test_without_per_record_gaps_the_itl_figures_are_the_same() -> None:
+    from kvroute.bench.workloads import make_workload
+
+    from .helpers import SMALL
+
+    def run(keep: bool):
+        w = make_workload("gsp", seed=0, overrides=SMALL["gsp"])
+        load = default_load(w, num_requests=60)
+        return simulate_router(parse_router("kvroute"), small_profile(), 3, w, load, keep_itl=keep)[
+            0
+        ]
+
+    kept, dropped = run(True), run(False)
+    assert all(r.itl_s == () for r in dropped.records)
+    assert any(r.itl_s for r in kept.records)
+    itl_keys = [k for k in kept.result if "_itl_" in k]
+    assert itl_keys and all(kept.result[k] == dropped.result[k] for k in itl_keys)
+    assert kept.result["p99_itl_ms"] > 0

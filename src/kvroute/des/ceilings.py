@@ -13,8 +13,9 @@ warm-up ones marked as not counted. Over that log:
   again), hits counted per block. No placement on this fleet can keep more useful blocks,
   and a prefix hit is a run of block hits, so it bounds every router's hit rate from above.
 
-The log keeps 8 bytes per prompt block (``array``), so it grows with the run; the three
-passes are linear (Belady: ``n log n`` with its heap).
+The log keeps 8 bytes per prompt block (``array``), so it grows with the run; the passes
+find each block's previous and next use with one sort of the hashes (numpy), and the
+LRU and Belady caches hold at most the pooled capacity.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 
 class PromptLog:
@@ -89,18 +92,31 @@ def ceilings(log: PromptLog, capacity_blocks: int) -> Ceilings:
     )
 
 
+def _neighbours(hashes: array) -> tuple[np.ndarray, np.ndarray]:
+    """(previous, next) position of each block's hash in the log, -1 / len when none:
+    one stable sort of the hashes instead of a dict of every block ever sent."""
+    h = np.frombuffer(hashes, dtype=np.uint64) if len(hashes) else np.zeros(0, np.uint64)
+    n = h.size
+    order = np.argsort(h, kind="stable")  # equal hashes stay in log order
+    same = h[order[1:]] == h[order[:-1]]
+    prev = np.full(n, -1, dtype=np.int64)
+    nxt = np.full(n, n, dtype=np.int64)
+    prev[order[1:][same]] = order[:-1][same]
+    nxt[order[:-1][same]] = order[1:][same]
+    return prev, nxt
+
+
 def infinite_hits(log: PromptLog) -> int:
-    """Counted hit blocks of an unbounded prefix cache."""
-    seen: set[int] = set()
+    """Counted hit blocks of an unbounded prefix cache: the leading blocks sent before."""
+    seen_before = _neighbours(log.hashes)[0] >= 0
     hits = 0
-    hashes = log.hashes
-    for start, end, usable, _, counted in log.prompts():
+    for start, _, usable, _, counted in log.prompts():
+        if not counted:
+            continue
         matched = 0
-        while matched < usable and hashes[start + matched] in seen:
+        while matched < usable and seen_before[start + matched]:
             matched += 1
-        if counted:
-            hits += matched
-        seen.update(hashes[start:end])
+        hits += matched
     return hits
 
 
@@ -131,15 +147,9 @@ def belady_hits(log: PromptLog, capacity: int) -> int:
     hashes = log.hashes
     n = len(hashes)
     never = n  # "not used again"
-    next_use = array("q", bytes(8 * n))
-    last: dict[int, int] = {}
-    for i in range(n - 1, -1, -1):
-        h = hashes[i]
-        next_use[i] = last.get(h, never)
-        last[h] = i
-    del last
+    next_use = _neighbours(hashes)[1].tolist()
     cached: dict[int, int] = {}  # hash -> its next use
-    heap: list[tuple[int, int]] = []  # (-next use, hash), stale entries skipped
+    heap: list[tuple[int, int]] = []  # (-next use, hash); stale entries skipped, pruned
     hits = 0
     for start, end, usable, _, counted in log.prompts():
         for i in range(start, end):
@@ -165,4 +175,7 @@ def belady_hits(log: PromptLog, capacity: int) -> int:
                 continue
             cached[h] = nxt
             heapq.heappush(heap, (-nxt, h))
+            if len(heap) > 2 * capacity + 1024:  # drop the stale entries
+                heap = [(-u, k) for k, u in cached.items()]
+                heapq.heapify(heap)
     return hits

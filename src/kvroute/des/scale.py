@@ -70,7 +70,7 @@ def run_scale(
         for router in routers:
             workload = make(n // base_backends)
             bench, speed = simulate_router(
-                parse_router(router), profile, n, workload, default_load(workload)
+                parse_router(router), profile, n, workload, default_load(workload), keep_itl=False
             )
             point = ScalePoint(n, router, {k: bench.result.get(k) for k in KEYS}, speed)
             points.append(point)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 import tracemalloc
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,7 +28,7 @@ from kvroute.bench.compare import add_decision_analysis
 from kvroute.bench.fleet import EngineDelta, engine_deltas, fleet_results
 from kvroute.bench.load import LoadConfig
 from kvroute.bench.loadgen import ProgressFn
-from kvroute.bench.metrics import EngineCounters, RequestRecord, summarize
+from kvroute.bench.metrics import EngineCounters, RequestRecord, latency_stats, summarize
 from kvroute.bench.procs import RouterSpec
 from kvroute.bench.runner import BenchResult
 from kvroute.bench.spec import RequestSpec
@@ -103,6 +104,7 @@ class Simulation:
         fast_forward: bool = True,
         progress: ProgressFn | None = None,
         encoder: PromptEncoder | None = None,
+        keep_itl: bool = True,
     ) -> None:
         self.profile = profile
         self.timing = timing or Timing()
@@ -124,6 +126,10 @@ class Simulation:
         self.clients = VirtualClients(self.queue, workload, load, self._submit, progress=progress)
         self.encoder = encoder or PromptEncoder()
         self.log = PromptLog(profile.block_size)
+        # every measured inter-token gap, pooled (8 bytes each); records keep their own
+        # only with ``keep_itl`` (a tuple of floats per request: the memory of big runs)
+        self.itl_pool = array("d")
+        self._keep_itl = keep_itl
         self._in_flight: dict[str, _InFlight] = {}
         self._next_id = 0
         self._running = True
@@ -243,7 +249,7 @@ class Simulation:
             start_s=r.sent_at - r.t0,
             ok=True,
             ttft_s=r.first_at - r.sent_at,
-            itl_s=tuple(r.itl),
+            itl_s=tuple(r.itl) if self._keep_itl else (),
             e2e_s=at - r.sent_at,
             prompt_tokens=r.num_prompt_tokens,
             output_tokens=r.num_tokens,
@@ -253,6 +259,8 @@ class Simulation:
             status=200,
             warmup=r.warmup,
         )
+        if not r.warmup:
+            self.itl_pool.extend(r.itl)
         r.done(at, record)
 
 
@@ -332,9 +340,13 @@ def simulate_router(
     fast_forward: bool = True,
     progress: ProgressFn | None = None,
     measure_memory: bool = False,
+    keep_itl: bool = True,
     extra_config: dict[str, Any] | None = None,
 ) -> tuple[BenchResult, Speed]:
     """Run ``workload`` under ``load`` through ``spec`` on ``num_backends`` engines.
+
+    ``keep_itl`` False: records carry no inter-token gaps (the ITL figures of the result
+    come from the pooled gaps all the same), for runs of millions of requests.
 
     The result is a function of the arguments alone (no clock, no date in it): the same
     seed gives the same bytes. How fast it ran comes back apart, as ``Speed``.
@@ -344,12 +356,13 @@ def simulate_router(
     wall0 = time.perf_counter()
     sim = Simulation(
         spec, profile, num_backends, workload, load,
-        timing=timing, fast_forward=fast_forward, progress=progress,
+        timing=timing, fast_forward=fast_forward, progress=progress, keep_itl=keep_itl,
     )  # fmt: skip
     sim.run()
     records = sim.clients.records
     t0, end = sim.clients.t0 or 0.0, sim.clients.end or 0.0
     result = summarize(records, end - t0)
+    result.update(latency_stats("itl", sim.itl_pool))  # the same figures, records or not
     result.update(fleet_results(records, sim.engine_deltas()))
     result.update(ceilings(sim.log, num_backends * profile.num_gpu_blocks).to_json())
     result["cache_ceiling_block_size"] = profile.block_size
