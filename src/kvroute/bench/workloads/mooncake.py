@@ -158,6 +158,8 @@ class MooncakeReplay(Workload):
         self.bucket_ms = detect_bucket_ms(stamps) if p.spread_ms is None else p.spread_ms
         self._blocks: OrderedDict[int, list[str]] = OrderedDict()  # LRU of block words
         self._texts: dict[int, str] = {}  # a block's words joined (oldest dropped first)
+        # blocks kept: about 4M words in all (tiled traces interleave many working sets)
+        self._max_cached_blocks = max(4096, (1 << 22) // self.block_tokens)
 
     def _block_words(self, hash_id: int) -> list[str]:
         words = self._blocks.get(hash_id)
@@ -165,7 +167,7 @@ class MooncakeReplay(Workload):
             rng = random.Random(f"{self.seed}:mooncake:block:{hash_id}")
             words = rng.choices(OUTPUT_WORDS, k=self.block_tokens)  # as words_text, unjoined
             self._blocks[hash_id] = words
-            if len(self._blocks) > 4096:
+            if len(self._blocks) > self._max_cached_blocks:
                 self._blocks.popitem(last=False)
         else:
             self._blocks.move_to_end(hash_id)
@@ -193,7 +195,7 @@ class MooncakeReplay(Workload):
         text = self._texts.get(hash_id)
         if text is None:
             text = self._texts[hash_id] = " ".join(words)
-            if len(self._texts) > 4096:
+            if len(self._texts) > self._max_cached_blocks:
                 self._texts.pop(next(iter(self._texts)))
         return text
 
