@@ -34,7 +34,7 @@ def plot_ttft_cdfs(outcomes: Mapping[str, RouterOutcome], path: Path, title: str
         if ttft_ms.size:
             ax.plot(ttft_ms, np.arange(1, ttft_ms.size + 1) / ttft_ms.size, label=name)
     ax.axhline(0.99, ls=":", color="grey")
-    ax.set(xlabel="TTFT (ms, wall)", ylabel="fraction of requests", ylim=(0, 1.01))
+    ax.set(xlabel="TTFT (ms; clock in the title)", ylabel="fraction of requests", ylim=(0, 1.01))
     ax.set_xscale("log")
     ax.set_title(title.replace("; ", "\n") or "TTFT CDF per router", fontsize=9)
     ax.legend(fontsize=8)
@@ -48,7 +48,7 @@ def plot_bars(outcomes: Mapping[str, RouterOutcome], path: Path, title: str = ""
     x = np.arange(len(names))
     panels = (
         ("engine prefix hit rate (%)", "engine_prefix_hit_rate", 100.0),
-        ("P99 TTFT (ms, wall)", "p99_ttft_ms", 1.0),
+        ("P99 TTFT (ms; clock in the title)", "p99_ttft_ms", 1.0),
         ("throughput (req/s)", "request_throughput", 1.0),
     )
     fig = Figure(figsize=(max(9, 1.6 * len(names) + 5), 4))
@@ -94,6 +94,6 @@ def plot_decisions(analysis: DecisionAnalysis, path: Path, title: str = "") -> P
     mix.set_title(f"{heading}\nload share, last window - first: {trend_text}", fontsize=9)
     p50 = [np.nan if w.p50_ttft_ms is None else w.p50_ttft_ms for w in windows]
     ttft.bar(x, p50, color="grey", width=0.8)
-    ttft.set(ylabel="P50 TTFT (ms, wall)", xlabel="send time window (s, wall)")
+    ttft.set(ylabel="P50 TTFT (ms; clock in the title)", xlabel="send time window (s, wall)")
     ttft.set_xticks(x, labels, fontsize=8)
     return _save(fig, path)
