@@ -94,6 +94,6 @@ def plot_decisions(analysis: DecisionAnalysis, path: Path, title: str = "") -> P
     mix.set_title(f"{heading}\nload share, last window - first: {trend_text}", fontsize=9)
     p50 = [np.nan if w.p50_ttft_ms is None else w.p50_ttft_ms for w in windows]
     ttft.bar(x, p50, color="grey", width=0.8)
-    ttft.set(ylabel="P50 TTFT (ms; clock in the title)", xlabel="send time window (s, wall)")
+    ttft.set(ylabel="P50 TTFT (ms; clock in the title)", xlabel="send time window (s)")
     ttft.set_xticks(x, labels, fontsize=8)
     return _save(fig, path)
