@@ -34,6 +34,8 @@ from pathlib import Path
 import aiohttp
 
 KVROUTE_POLICIES = ("round_robin", "random", "least_load", "power_of_two", "consistent_hash")
+# kvroute policies that model another router (core/policy/): for the simulator above all
+PEER_MODELS = ("sglang-cache-aware",)
 PEERS = ("sglang", "vllm-router")
 KVROUTE = (sys.executable, "-m", "kvroute.cli")  # the kvroute command of this Python
 
@@ -67,11 +69,13 @@ def parse_router(name: str) -> RouterSpec:
         policy, *args = name.split(":")[1:]
         _check_policy_args(policy, args)
         return RouterSpec(name, "kvroute", policy, policy_args=tuple(args))
-    if name in KVROUTE_POLICIES:
+    if name in KVROUTE_POLICIES or name in PEER_MODELS:
         return RouterSpec(name, "kvroute", name)
     if name in PEERS:
         return RouterSpec(name, name, "cache_aware")
-    known = ", ".join((*KVROUTE_POLICIES, "kvroute", "kvroute-exact", "kvroute:<policy>", *PEERS))
+    known = ", ".join(
+        (*KVROUTE_POLICIES, "kvroute", "kvroute-exact", "kvroute:<policy>", *PEER_MODELS, *PEERS)
+    )
     raise ValueError(f"unknown router {name!r}; known: {known}")
 
 

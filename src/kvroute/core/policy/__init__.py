@@ -26,6 +26,7 @@ from kvroute.core.policy.power_of_two import PowerOfTwoPolicy
 from kvroute.core.policy.prefix import PrefixParams, PrefixPolicy
 from kvroute.core.policy.random_policy import RandomPolicy
 from kvroute.core.policy.round_robin import RoundRobinPolicy
+from kvroute.core.policy.sglang_cache_aware import SglangCacheAwarePolicy
 
 POLICIES: dict[str, type[Policy]] = {
     cls.name: cls
@@ -36,6 +37,7 @@ POLICIES: dict[str, type[Policy]] = {
         PowerOfTwoPolicy,
         ConsistentHashPolicy,
         PrefixPolicy,
+        SglangCacheAwarePolicy,  # a model of a peer, for the simulator (issue 14)
     )
 }
 
