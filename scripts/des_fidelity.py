@@ -12,7 +12,10 @@ P50 and P99 TTFT within 15 %, throughput within 5 %.
     python scripts/des_fidelity.py --workloads gsp --routers kvroute --duration 30
 
 Writes fidelity.json and fidelity.md in --out, and each run's own folder beside them.
-The rig runs one router at a time; keep the machine otherwise idle while it runs.
+The rig runs one router at a time; keep the machine otherwise idle while it runs. The
+simulator runs each router on the backend URLs that router's rig run had (consistent
+hashing's ring and rendezvous tie-breaks are built on them); ``--skip-rig`` reruns only
+the simulator against rig runs already in --out.
 """
 
 from __future__ import annotations
@@ -75,19 +78,25 @@ def main() -> int:
     args = p.parse_args()
     out = Path(args.out)
     kv = [sys.executable, "-m", "kvroute.cli"]
-    common = ["--backends", str(args.backends), "--profile", args.profile, "--routers",
-              args.routers, "--seed", str(args.seed), "--no-plots", "--quiet"]  # fmt: skip
+    common = ["--backends", str(args.backends), "--profile", args.profile,
+              "--seed", str(args.seed), "--no-plots", "--quiet"]  # fmt: skip
     rows = []
     for name in args.workloads.split(","):
         wl = WORKLOADS[name]
         rig_dir, sim_dir = out / f"{name}-rig", out / f"{name}-sim"
         if not args.skip_rig:
-            run([*kv, "compare", *wl, *common, "--speedup", str(args.speedup),
-                 "--duration", str(args.duration), "--out", str(rig_dir)])  # fmt: skip
-        run([*kv, "simulate", *wl, *common, "--duration", str(args.duration * args.speedup),
-             "--out", str(sim_dir)])  # fmt: skip
+            run([*kv, "compare", *wl, *common, "--routers", args.routers,
+                 "--speedup", str(args.speedup), "--duration", str(args.duration),
+                 "--out", str(rig_dir)])  # fmt: skip
         rig = json.loads((rig_dir / "compare.json").read_text())
-        sim = json.loads((sim_dir / "compare.json").read_text())
+        sim = {}
+        for router in args.routers.split(","):  # on the rig's backend URLs: the same rings
+            urls = rig.get(router, {}).get("config", {}).get("backend_metrics")
+            names = ["--backend-urls", ",".join(urls)] if urls else []
+            sim_cmd = [*kv, "simulate", *wl, *common, "--routers", router, *names]
+            run([*sim_cmd, "--duration", str(args.duration * args.speedup),
+                 "--out", str(sim_dir / router)])  # fmt: skip
+            sim[router] = json.loads((sim_dir / router / "compare.json").read_text())[router]
         for router in args.routers.split(","):
             if "error" in rig.get(router, {"error": 1}) or "error" in sim.get(router, {"error": 1}):
                 continue

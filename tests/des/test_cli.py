@@ -44,3 +44,15 @@ def test_a_small_run_writes_compares_outputs_and_the_ceilings(tmp_path, capsys) 
 def test_a_bad_workload_is_a_usage_error(capsys) -> None:
     assert main(["simulate", "--workload", "nope", "--quiet", "--no-plots"]) == 2
     assert "nope" in capsys.readouterr().err
+
+
+def test_backend_urls_name_the_backends_and_must_match_their_number(tmp_path, capsys) -> None:
+    out = tmp_path / "run"
+    args = ["simulate", "--workload", "gsp", "--backends", "2", "--num-requests", "10"]
+    args += [f"--workload-arg={k}={v}" for k, v in SMALL["gsp"].items()]
+    args += ["--routers", "consistent_hash", "--out", str(out), "--quiet", "--no-plots"]
+    assert main([*args, "--backend-urls", "http://a:1,http://b:2"]) == 0
+    rows = json.loads((out / "compare.json").read_text())["consistent_hash"]["per_backend"]
+    assert {row["backend"] for row in rows} <= {"http://a:1", "http://b:2"}
+    assert main([*args, "--backend-urls", "http://a:1"]) == 2
+    assert "--backend-urls names 1" in capsys.readouterr().err

@@ -106,6 +106,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         f"(default {DEFAULT_REQUEST_OVERHEAD_S * 1000.0:g})",
     )
     p.add_argument(
+        "--backend-urls",
+        type=_routers,
+        help="names of the simulated backends, comma-separated (default http://sim-0, ...): "
+        "a consistent-hash ring is built on them, so a real run's URLs replay its ring",
+    )
+    p.add_argument(
         "--no-fast-forward",
         action="store_true",
         help="step every engine step by step (same results, slower; for checking)",
@@ -124,6 +130,9 @@ def main(args: argparse.Namespace) -> int:
         profile = get_profile(config.profile)
         timing = Timing(args.request_overhead_ms / 1000.0, args.kv_event_delay_ms / 1000.0)
         load = build_load(config, build_workload(config), profile.name)
+        if args.backend_urls is not None and len(args.backend_urls) != config.num_backends:
+            raise ValueError(f"--backend-urls names {len(args.backend_urls)}, --backends is "
+                             f"{config.num_backends}")  # fmt: skip
     except ValueError as exc:
         print(f"kvroute simulate: {exc}", file=sys.stderr)
         return 2
@@ -149,6 +158,7 @@ def main(args: argparse.Namespace) -> int:
                 timing=timing,
                 fast_forward=not args.no_fast_forward,
                 progress=progress,
+                urls=args.backend_urls,
                 extra_config={"seed": config.seed},
             )
         outcome.bench, speeds[name] = bench, speed

@@ -105,11 +105,14 @@ class Simulation:
         progress: ProgressFn | None = None,
         encoder: PromptEncoder | None = None,
         keep_itl: bool = True,
+        urls: Sequence[str] | None = None,
     ) -> None:
         self.profile = profile
         self.timing = timing or Timing()
         self.queue = EventQueue()
-        self.urls = backend_urls(num_backends)
+        self.urls = list(urls) if urls is not None else backend_urls(num_backends)
+        if len(self.urls) != num_backends or len(set(self.urls)) != num_backends:
+            raise ValueError(f"need {num_backends} distinct backend URLs, got {self.urls}")
         self.router = SimRouter(spec, self.urls, profile.name)
         exact = self.router.exact
         self.backends = {
@@ -341,12 +344,14 @@ def simulate_router(
     progress: ProgressFn | None = None,
     measure_memory: bool = False,
     keep_itl: bool = True,
+    urls: Sequence[str] | None = None,
     extra_config: dict[str, Any] | None = None,
 ) -> tuple[BenchResult, Speed]:
     """Run ``workload`` under ``load`` through ``spec`` on ``num_backends`` engines.
 
     ``keep_itl`` False: records carry no inter-token gaps (the ITL figures of the result
-    come from the pooled gaps all the same), for runs of millions of requests.
+    come from the pooled gaps all the same), for runs of millions of requests. ``urls``:
+    the backends' names (default ``http://sim-N``); a consistent-hash ring is built on them.
 
     The result is a function of the arguments alone (no clock, no date in it): the same
     seed gives the same bytes. How fast it ran comes back apart, as ``Speed``.
@@ -357,6 +362,7 @@ def simulate_router(
     sim = Simulation(
         spec, profile, num_backends, workload, load,
         timing=timing, fast_forward=fast_forward, progress=progress, keep_itl=keep_itl,
+        urls=urls,
     )  # fmt: skip
     sim.run()
     records = sim.clients.records
