@@ -120,3 +120,17 @@ def test_tile_interleaves_disjoint_copies(mini_trace):
     heads = {p[:2000] for p in prompts}
     assert len(heads) == 3 * len({s.prompt[:2000] for s in one})
     assert sum(1 for p in prompts if p in {s.prompt for s in one}) == len(one)
+
+
+def test_tiled_copies_keep_token_counts_and_chunk_boundaries(mini_trace):
+    from kvroute.bench.workloads.mooncake import tile_marked
+
+    tiled = list(
+        make_workload(f"mooncake:{mini_trace}", seed=3, overrides={"tile": "30"}).requests()
+    )
+    assert all(count_tokens(s.prompt) == s.num_prompt_tokens for s in tiled)
+    assert len({s.prompt for s in tiled}) == len(tiled)  # no two copies share a prompt
+    text = "data code time list node"
+    marked = [tile_marked(text, k) for k in range(1, 700)]
+    assert len(set(marked)) == 699 and all(len(m) == len(text) for m in marked)
+    assert all(m.split(" ")[2:] == text.split(" ")[2:] for m in marked)

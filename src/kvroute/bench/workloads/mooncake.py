@@ -121,6 +121,25 @@ def infinite_cache_hit_rate(rows: Sequence[TraceRow], block_tokens: int = 512) -
     return hit / total if total else 0.0
 
 
+def tile_marked(prompt: str, copy: int) -> str:
+    """``prompt`` of copy ``copy`` (>= 1) of a tiled trace: its first two words replaced by
+    capital letters spelling the copy number in base 26, as long as the words they
+    replace. Each word is still one token (the built-in tokenizer's pieces are runs of up
+    to four letters), so lengths, sharing within the copy and even the text's chunk
+    boundaries are kept, while no block is shared with another copy (a prompt's first
+    block differs, and every later block's key chains it). Generated prompts are
+    lowercase, so no copy collides with the original."""
+    words = prompt.split(" ", 2)
+    width = sum(len(w) for w in words[:2])
+    if copy >= 26**width:
+        raise ValueError(f"too many copies of the trace for {width}-letter markers")
+    letters = "".join(chr(ord("A") + (copy // 26**j) % 26) for j in range(width))
+    words[0], rest = letters[: len(words[0])], letters[len(words[0]) :]
+    if len(words) > 1:
+        words[1] = rest
+    return " ".join(words)
+
+
 def scale_row(row: TraceRow, input_scale: float) -> TraceRow:
     """The row with its prompt scaled; block ids are kept, so sharing is kept."""
     if input_scale == 1.0:
@@ -201,7 +220,7 @@ class MooncakeReplay(Workload):
 
     def sessions(self) -> Iterator[Session]:
         """The rows in arrival order; with ``tile`` N, N copies merged by arrival, copy k
-        with its own spread of the buckets and its block ids shifted past copy k - 1's."""
+        with its own spread of the buckets and its prompts marked (``tile_marked``)."""
         p = self.params
         start = min((r.timestamp_ms for r in self.rows), default=0.0)
         raw = [r.timestamp_ms for r in self.rows]
@@ -215,24 +234,20 @@ class MooncakeReplay(Workload):
             order.sort(key=lambda x: x[0])
         for n, (stamp, k, i) in enumerate(order):
             row = self.rows[i]
-            if k:
-                shift = k * id_span
-                row = TraceRow(
-                    row.timestamp_ms,
-                    row.input_length,
-                    row.output_length,
-                    tuple(h + shift for h in row.hash_ids),
-                )
             max_tokens = max(1, row.output_length)
             if p.output_cap:
                 max_tokens = min(max_tokens, p.output_cap)
             group = row.hash_ids[1] if len(row.hash_ids) > 1 else row.hash_ids[0]
+            prompt = self.prompt_for(row)
+            if k:  # another copy: its own prefix groups, its own first words
+                group += k * id_span
+                prompt = tile_marked(prompt, k)
             yield (
                 RequestSpec(
                     request_id=f"mooncake-{n:07d}",
                     endpoint="completions",
                     messages=None,
-                    prompt=self.prompt_for(row),
+                    prompt=prompt,
                     max_tokens=max_tokens,
                     num_prompt_tokens=row.input_length,
                     prefix_group=f"mooncake-{group}",
