@@ -34,6 +34,9 @@ def main() -> int:
     p.add_argument("--base-backends", type=int, default=8, help="backends per copy of the trace")
     p.add_argument("--workload-arg", action="append", metavar="KEY=VALUE",
                    default=["max_requests=1000", "input_scale=0.1", "output_cap=64"])  # fmt: skip
+    p.add_argument(
+        "--copies", type=int, help="copies of the trace whatever the size (default size / base)"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs/scale")
     args = p.parse_args()
@@ -41,6 +44,9 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     make = tiled_trace(args.trace, overrides, args.seed)
+    if args.copies:
+        fixed = make
+        make = lambda _tile: fixed(args.copies)  # noqa: E731
     sizes = [int(x) for x in args.sizes.split(",")]
 
     def say(point) -> None:
