@@ -10,6 +10,11 @@ P50 and P99 TTFT within 15 %, throughput within 5 %.
 
     python scripts/des_fidelity.py --out runs/fidelity            # the four workloads
     python scripts/des_fidelity.py --workloads gsp --routers kvroute --duration 30
+    python scripts/des_fidelity.py --workloads ranvier-stress,gsp,zipf-hot \
+        --routers sglang=sglang-cache-aware,vllm-router=sglang-cache-aware   # peer models
+
+A router given as RIG=SIM runs as RIG on the rig and as SIM in the simulator: a real peer
+against its model.
 
 Writes fidelity.json and fidelity.md in --out, and each run's own folder beside them.
 The rig runs one router at a time; keep the machine otherwise idle while it runs. The
@@ -80,28 +85,32 @@ def main() -> int:
     kv = [sys.executable, "-m", "kvroute.cli"]
     common = ["--backends", str(args.backends), "--profile", args.profile,
               "--seed", str(args.seed), "--no-plots", "--quiet"]  # fmt: skip
+    pairs = dict(
+        (r.split("=", 1) if "=" in r else (r, r)) for r in args.routers.split(",")
+    )  # rig name -> simulator name
     rows = []
     for name in args.workloads.split(","):
         wl = WORKLOADS[name]
         rig_dir, sim_dir = out / f"{name}-rig", out / f"{name}-sim"
         if not args.skip_rig:
-            run([*kv, "compare", *wl, *common, "--routers", args.routers,
+            run([*kv, "compare", *wl, *common, "--routers", ",".join(pairs),
                  "--speedup", str(args.speedup), "--duration", str(args.duration),
                  "--out", str(rig_dir)])  # fmt: skip
         rig = json.loads((rig_dir / "compare.json").read_text())
         sim = {}
-        for router in args.routers.split(","):  # on the rig's backend URLs: the same rings
+        for router, model in pairs.items():  # on the rig's backend URLs: the same rings
             urls = rig.get(router, {}).get("config", {}).get("backend_metrics")
             names = ["--backend-urls", ",".join(urls)] if urls else []
-            sim_cmd = [*kv, "simulate", *wl, *common, "--routers", router, *names]
+            sim_cmd = [*kv, "simulate", *wl, *common, "--routers", model, *names]
             run([*sim_cmd, "--duration", str(args.duration * args.speedup),
                  "--out", str(sim_dir / router)])  # fmt: skip
-            sim[router] = json.loads((sim_dir / router / "compare.json").read_text())[router]
-        for router in args.routers.split(","):
+            sim[router] = json.loads((sim_dir / router / "compare.json").read_text())[model]
+        for router in pairs:
             if "error" in rig.get(router, {"error": 1}) or "error" in sim.get(router, {"error": 1}):
                 continue
             a, b = figures(rig[router], args.speedup), figures(sim[router], 1.0)
-            row = {"workload": name, "router": router, "rig": a, "sim": b}
+            label = router if pairs[router] == router else f"{router} / {pairs[router]}"
+            row = {"workload": name, "router": label, "rig": a, "sim": b}
             row["hit_pp"] = (
                 None if a["hit"] is None or b["hit"] is None else 100.0 * (b["hit"] - a["hit"])
             )
