@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from kvroute.bench.arrivals import arrival_offsets
+from kvroute.bench.spec import Session
 from kvroute.bench.workloads.base import Workload
 
 MODES = ("closed", "open", "trace")
@@ -93,3 +97,38 @@ def default_load(workload: Workload, **overrides: Any) -> LoadConfig:
     if fields.get("num_requests") is None and fields.get("duration_s") is None:
         fields["num_requests"] = d.num_requests
     return LoadConfig(**fields)
+
+
+WARMUP_MAX_CONCURRENCY = 16  # warm-up requests in flight at most
+
+
+def warmup_sessions(load: LoadConfig, sessions: Iterator[Session]) -> list[Session]:
+    """The whole sessions the warm-up sends: drawn until they hold ``num_warmup`` requests."""
+    chosen: list[Session] = []
+    while sum(len(s) for s in chosen) < load.num_warmup:
+        session = next(sessions, None)
+        if session is None:
+            break
+        chosen.append(session)
+    return chosen
+
+
+def warmup_concurrency(load: LoadConfig) -> int:
+    """Warm-up requests in flight at most (never more than the run itself allows)."""
+    return min(WARMUP_MAX_CONCURRENCY, load.num_users, load.max_concurrency or 16)
+
+
+def timed_sessions(
+    load: LoadConfig, sessions: Iterator[Session], rng: random.Random
+) -> Iterator[tuple[float, Session]]:
+    """(send offset from the run start, session) of an open or trace run: Gamma arrivals
+    drawn from ``rng`` (open), the first turn's ``arrival_s`` (trace)."""
+    if load.mode == "trace":
+        for session in sessions:
+            yield (session[0].arrival_s or 0.0), session
+        return
+    offsets = arrival_offsets(
+        rng, load.rates, load.burstiness, num_requests=load.num_requests,
+        duration_s=load.duration_s,
+    )  # fmt: skip
+    yield from zip(offsets, sessions, strict=False)

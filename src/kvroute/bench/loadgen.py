@@ -17,8 +17,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from kvroute.bench.arrivals import arrival_offsets
-from kvroute.bench.load import LoadConfig
+from kvroute.bench.load import LoadConfig, timed_sessions, warmup_concurrency, warmup_sessions
 from kvroute.bench.metrics import RequestRecord
 from kvroute.bench.spec import RequestSpec, Session
 from kvroute.bench.sse import SseDecoder, read_chunk
@@ -186,14 +185,9 @@ class LoadGenerator:
 
     async def warmup(self) -> None:
         """Send ``num_warmup`` requests (whole sessions) before the measured run."""
-        n, t0 = self._load.num_warmup, time.perf_counter()
-        sessions: list[Session] = []
-        while sum(len(s) for s in sessions) < n:
-            session = next(self._sessions, None)
-            if session is None:
-                break
-            sessions.append(session)
-        sem = asyncio.Semaphore(min(16, self._load.num_users, self._load.max_concurrency or 16))
+        t0 = time.perf_counter()
+        sessions = warmup_sessions(self._load, self._sessions)
+        sem = asyncio.Semaphore(warmup_concurrency(self._load))
 
         async def one(session: Session) -> None:
             for spec in session:
@@ -291,28 +285,12 @@ class LoadGenerator:
             if hi > 0:
                 await self._sleep(self._rng.uniform(lo, hi))
 
-    def _timed_sessions(self) -> Iterator[tuple[float, Session]]:
-        """(send offset, session) pairs: Gamma arrivals (open) or the specs' own (trace)."""
-        if self._load.mode == "trace":
-            for session in self._sessions:
-                yield (session[0].arrival_s or 0.0), session
-            return
-        offsets = arrival_offsets(
-            self._rng,
-            self._load.rates,
-            self._load.burstiness,
-            num_requests=self._load.num_requests,
-            duration_s=self._load.duration_s,
-        )
-        for offset, session in zip(offsets, self._sessions, strict=False):
-            yield offset, session
-
     async def _scheduled_run(self) -> None:
         """Start each session at its offset; with a concurrency cap, wait for a free slot
         first (requests queue client-side in arrival order, as in vLLM's bench)."""
         tasks: list[asyncio.Task[None]] = []  # kept to the end so no error goes unseen
         bound = self._load.num_requests
-        for offset, session in self._timed_sessions():
+        for offset, session in timed_sessions(self._load, self._sessions, self._rng):
             if bound is not None and self._scheduled >= bound:
                 break
             await self._sleep(self._t0 + offset - time.perf_counter())

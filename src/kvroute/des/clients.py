@@ -26,8 +26,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
-from kvroute.bench.arrivals import arrival_offsets
-from kvroute.bench.load import LoadConfig
+from kvroute.bench.load import LoadConfig, timed_sessions, warmup_concurrency, warmup_sessions
 from kvroute.bench.loadgen import Progress, ProgressFn
 from kvroute.bench.metrics import RequestRecord
 from kvroute.bench.spec import RequestSpec, Session
@@ -97,16 +96,11 @@ class VirtualClients:
         """Warm up from ``at``, call ``on_run_start`` when the measured run starts and
         ``on_end`` when it ended (every answer in)."""
         self._on_end = on_end
-        sessions: list[Session] = []
-        while sum(len(s) for s in sessions) < self._load.num_warmup:
-            session = next(self._sessions, None)
-            if session is None:
-                break
-            sessions.append(session)
+        sessions = warmup_sessions(self._load, self._sessions)
         if not sessions:
             self._begin(at, on_run_start)
             return
-        slots = Slots(min(16, self._load.num_users, self._load.max_concurrency or 16))
+        slots = Slots(warmup_concurrency(self._load))
         left = [len(sessions)]
 
         def session_done(end: float) -> None:
@@ -145,7 +139,7 @@ class VirtualClients:
                 self._user(at)
         else:
             self._alive = 1
-            self._timed = self._timed_sessions()
+            self._timed = timed_sessions(self._load, self._sessions, self._rng)
             self._schedule_next(at)
 
     def _exit(self, at: float) -> None:
@@ -239,21 +233,6 @@ class VirtualClients:
             self._user(at)
 
     # -- open loop and trace -----------------------------------------------------------
-
-    def _timed_sessions(self) -> Iterator[tuple[float, Session]]:
-        load = self._load
-        if load.mode == "trace":
-            for session in self._sessions:
-                yield (session[0].arrival_s or 0.0), session
-            return
-        offsets = arrival_offsets(
-            self._rng,
-            load.rates,
-            load.burstiness,
-            num_requests=load.num_requests,
-            duration_s=load.duration_s,
-        )
-        yield from zip(offsets, self._sessions, strict=False)
 
     def _schedule_next(self, at: float) -> None:
         """The scheduler: the next session at its offset, once a slot is free."""
