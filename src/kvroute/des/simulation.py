@@ -41,7 +41,7 @@ from kvroute.des.clients import Done, VirtualClients
 from kvroute.des.events import ARRIVE, OBSERVE, EventQueue
 from kvroute.des.prompts import PromptEncoder
 from kvroute.des.router import Routed, SimRouter
-from kvroute.engine.engine import Engine, TokenOutput
+from kvroute.engine.engine import Engine, TokenOutput, size_error
 from kvroute.engine.profiles import EngineProfile
 
 # The proxy's added latency per request: kvroute's P50 overhead measured through the
@@ -52,6 +52,9 @@ DEFAULT_REQUEST_OVERHEAD_S = 0.0004
 # batch, 32 backends of 4 exact runs): 0.14-0.60 ms, median 0.25 ms, at the end of the
 # runs; a router busy routing applies them later, so the default is 1 ms.
 DEFAULT_KV_EVENT_DELAY_S = 0.001
+
+
+NO_BACKEND = "no backend may take the request"  # the router's 503
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,7 +184,7 @@ class Simulation:
         text = spec.prompt_text()
         ids = self.encoder.encode(text)
         profile = self.profile
-        problem = _refusal(len(ids), spec.max_tokens, profile)
+        problem = size_error(profile, len(ids), spec.max_tokens)  # the engine would say 400
         self._next_id += 1
         rid = f"{self._next_id:x}"
         hashes: list[int] = []
@@ -192,7 +195,7 @@ class Simulation:
                 at, rid, text, hashes, len(ids), spec.max_tokens, spec.headers
             )
             if routed is None:
-                problem = "no backend may take the request"
+                problem = NO_BACKEND
         if problem is not None or routed is None:
             done(at, _failed(spec, at - t0, warmup, problem or "", len(ids)))
             return
@@ -267,19 +270,6 @@ class Simulation:
         r.done(at, record)
 
 
-def _refusal(num_tokens: int, max_tokens: int, profile: EngineProfile) -> str | None:
-    """Why an engine would answer 400 (the engine's own checks), or None."""
-    limit = profile.max_model_len
-    if num_tokens + max_tokens > limit:
-        return (
-            f"HTTP 400: prompt ({num_tokens} tokens) + max_tokens ({max_tokens}) exceeds "
-            f"max_model_len ({limit})"
-        )
-    if -(-(num_tokens + max_tokens) // profile.block_size) > profile.num_gpu_blocks:
-        return "HTTP 400: the request needs more KV blocks than the whole cache holds"
-    return None
-
-
 def _failed(
     spec: RequestSpec, start_s: float, warmup: bool, error: str, num_tokens: int
 ) -> RequestRecord:
@@ -298,7 +288,7 @@ def _failed(
         cached_tokens=None,
         backend=None,
         decision=None,
-        status=400 if error.startswith("HTTP 400") else 503,
+        status=503 if error == NO_BACKEND else 400,
         error=error,
         warmup=warmup,
     )

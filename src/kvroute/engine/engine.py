@@ -77,6 +77,21 @@ def default_next_token() -> Callable[[str, int], int]:
 _IDLE = StepResult(0.0, [], 0, 0)
 
 
+def size_error(profile: EngineProfile, num_prompt_tokens: int, max_tokens: int) -> str | None:
+    """Why an engine of ``profile`` can never run a request of this size, or None."""
+    limit = profile.max_model_len
+    if num_prompt_tokens > limit:
+        return f"the prompt ({num_prompt_tokens} tokens) is longer than max_model_len ({limit})"
+    if num_prompt_tokens + max_tokens > limit:
+        return (
+            f"prompt ({num_prompt_tokens} tokens) + max_tokens ({max_tokens}) exceeds "
+            f"max_model_len ({limit})"
+        )
+    if -(-(num_prompt_tokens + max_tokens) // profile.block_size) > profile.num_gpu_blocks:
+        return "the request needs more KV blocks than the whole cache holds"
+    return None
+
+
 class Engine:
     """A vLLM-V1-like engine: prefix-cached KV blocks, chunked-prefill batching, step times."""
 
@@ -140,19 +155,9 @@ class Engine:
             raise ValueError("the prompt must have at least one token")
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ValueError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
-        limit = self.profile.max_model_len
-        if len(prompt) > limit:
-            raise ValueError(
-                f"the prompt ({len(prompt)} tokens) is longer than max_model_len ({limit})"
-            )
-        if len(prompt) + max_tokens > limit:
-            raise ValueError(
-                f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceeds "
-                f"max_model_len ({limit})"
-            )
-        bs = self.profile.block_size
-        if -(-(len(prompt) + max_tokens) // bs) > self.profile.num_gpu_blocks:
-            raise ValueError("the request needs more KV blocks than the whole cache holds")
+        problem = size_error(self.profile, len(prompt), max_tokens)
+        if problem is not None:
+            raise ValueError(problem)
 
     def abort_request(self, request_id: str) -> None:
         """Stop a request and free its blocks; an unknown or finished id is a no-op."""
