@@ -18,7 +18,6 @@ router ``Timing.kv_event_delay_s`` after the step that produced them.
 from __future__ import annotations
 
 import time
-import tracemalloc
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -111,6 +110,7 @@ class Simulation:
         urls: Sequence[str] | None = None,
     ) -> None:
         self.profile = profile
+        self.fast_forward = fast_forward  # asked for (exact mode steps anyway)
         self.timing = timing or Timing()
         self.queue = EventQueue()
         self.urls = list(urls) if urls is not None else backend_urls(num_backends)
@@ -246,13 +246,10 @@ class Simulation:
     def _finish(self, r: _InFlight, at: float, cached: int) -> None:
         self.router.finished(r.routed, at, prompt_tokens=r.num_prompt_tokens, cached_tokens=cached)
         assert r.first_at is not None, "a finished request had a first token"
-        spec = r.spec
-        record = RequestRecord(
-            request_id=spec.request_id,
-            prefix_group=spec.prefix_group,
-            session_id=spec.session_id,
-            turn=spec.turn,
-            start_s=r.sent_at - r.t0,
+        record = _record(
+            r.spec,
+            r.sent_at - r.t0,
+            r.warmup,
             ok=True,
             ttft_s=r.first_at - r.sent_at,
             itl_s=tuple(r.itl) if self._keep_itl else (),
@@ -263,35 +260,33 @@ class Simulation:
             backend=r.routed.decision.backend,
             decision=str(r.routed.decision.reason),
             status=200,
-            warmup=r.warmup,
         )
         if not r.warmup:
             self.itl_pool.extend(r.itl)
         r.done(at, record)
 
 
-def _failed(
-    spec: RequestSpec, start_s: float, warmup: bool, error: str, num_tokens: int
-) -> RequestRecord:
+def _record(spec: RequestSpec, start_s: float, warmup: bool, **measured: Any) -> RequestRecord:
+    """The client's record of ``spec``: what the spec says, plus what was ``measured``."""
     return RequestRecord(
         request_id=spec.request_id,
         prefix_group=spec.prefix_group,
         session_id=spec.session_id,
         turn=spec.turn,
         start_s=start_s,
-        ok=False,
-        ttft_s=None,
-        itl_s=(),
-        e2e_s=0.0,
-        prompt_tokens=num_tokens,
-        output_tokens=0,
-        cached_tokens=None,
-        backend=None,
-        decision=None,
-        status=503 if error == NO_BACKEND else 400,
-        error=error,
         warmup=warmup,
+        **measured,
     )
+
+
+def _failed(
+    spec: RequestSpec, start_s: float, warmup: bool, error: str, num_tokens: int
+) -> RequestRecord:
+    return _record(
+        spec, start_s, warmup, ok=False, ttft_s=None, itl_s=(), e2e_s=0.0,
+        prompt_tokens=num_tokens, output_tokens=0, cached_tokens=None, backend=None,
+        status=503 if error == NO_BACKEND else 400, error=error,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,7 +296,6 @@ class Speed:
     wall_s: float  # the run, ceilings included
     engine_time_s: float  # virtual seconds simulated (warm-up included)
     num_requests: int  # requests simulated (warm-up included)
-    peak_traced_bytes: int | None  # Python allocations at their peak (tracemalloc), if measured
 
     @property
     def x_real_time(self) -> float:
@@ -311,14 +305,13 @@ class Speed:
     def requests_per_s(self) -> float:
         return self.num_requests / self.wall_s if self.wall_s > 0 else 0.0
 
-    def to_json(self) -> dict[str, float | int | None]:
+    def to_json(self) -> dict[str, float | int]:
         return {
             "wall_s": self.wall_s,
             "engine_time_s": self.engine_time_s,
             "x_real_time": self.x_real_time,
             "requests": self.num_requests,
             "requests_per_s": self.requests_per_s,
-            "peak_traced_bytes": self.peak_traced_bytes,
         }
 
 
@@ -329,16 +322,13 @@ def simulate_router(
     workload: Workload,
     load: LoadConfig,
     *,
-    timing: Timing | None = None,
-    fast_forward: bool = True,
-    progress: ProgressFn | None = None,
-    measure_memory: bool = False,
-    keep_itl: bool = True,
-    urls: Sequence[str] | None = None,
     extra_config: dict[str, Any] | None = None,
+    **options: Any,
 ) -> tuple[BenchResult, Speed]:
     """Run ``workload`` under ``load`` through ``spec`` on ``num_backends`` engines.
 
+    ``options`` are ``Simulation``'s keywords (timing, fast_forward, progress, encoder,
+    keep_itl, urls); ``extra_config`` is merged into the result's ``config``.
     ``keep_itl`` False: records carry no inter-token gaps (the ITL figures of the result
     come from the pooled gaps all the same), for runs of millions of requests. ``urls``:
     the backends' names (default ``http://sim-N``); a consistent-hash ring is built on them.
@@ -346,14 +336,8 @@ def simulate_router(
     The result is a function of the arguments alone (no clock, no date in it): the same
     seed gives the same bytes. How fast it ran comes back apart, as ``Speed``.
     """
-    if measure_memory:
-        tracemalloc.start()
     wall0 = time.perf_counter()
-    sim = Simulation(
-        spec, profile, num_backends, workload, load,
-        timing=timing, fast_forward=fast_forward, progress=progress, keep_itl=keep_itl,
-        urls=urls,
-    )  # fmt: skip
+    sim = Simulation(spec, profile, num_backends, workload, load, **options)
     sim.run()
     records = sim.clients.records
     t0, end = sim.clients.t0 or 0.0, sim.clients.end or 0.0
@@ -385,14 +369,11 @@ def simulate_router(
             "router_policy": spec.policy,
             "request_overhead_s": sim.timing.request_overhead_s,
             "kv_event_delay_s": sim.timing.kv_event_delay_s,
-            "fast_forward": fast_forward,
+            "fast_forward": sim.fast_forward,
             **(extra_config or {}),
         },
     )
     bench = BenchResult(result, records)
     add_decision_analysis(bench)
-    peak = tracemalloc.get_traced_memory()[1] if measure_memory else None
-    if measure_memory:
-        tracemalloc.stop()
-    speed = Speed(time.perf_counter() - wall0, end, len(records), peak)
+    speed = Speed(time.perf_counter() - wall0, end, len(records))
     return bench, speed
