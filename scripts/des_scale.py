@@ -44,9 +44,6 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     make = tiled_trace(args.trace, overrides, args.seed)
-    if args.copies:
-        fixed = make
-        make = lambda _tile: fixed(args.copies)  # noqa: E731
     sizes = [int(x) for x in args.sizes.split(",")]
 
     def say(point) -> None:
@@ -56,8 +53,10 @@ def main() -> int:
               f"P99 {f['p99_ttft_ms']:.0f} ms  {point.speed.wall_s:.1f} s wall "
               f"({point.speed.requests_per_s:.0f} req/s)", file=sys.stderr, flush=True)  # fmt: skip
 
-    points = run_scale(make, get_profile(args.profile), sizes, args.routers.split(","),
-                       base_backends=args.base_backends, on_point=say)  # fmt: skip
+    points = run_scale(
+        make, get_profile(args.profile), sizes, args.routers.split(","),
+        base_backends=args.base_backends, copies=args.copies, on_point=say,
+    )  # fmt: skip
     table = format_points(points)
     print(table)
     (out / "scale.md").write_text(table + "\n")

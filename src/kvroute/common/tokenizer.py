@@ -145,7 +145,7 @@ def _piece_id(piece: str) -> int:
 
 
 _SLICE_CHARS = 1 << 16
-_CUT = re.compile(r"(?<=\S) (?=\S)")  # no piece spans a space between two non-spaces
+SAFE_CUT = re.compile(r"(?<=\S) (?=\S)")  # no piece spans a space between two non-spaces
 
 
 def _pieces(text: str) -> list[str]:
@@ -158,7 +158,7 @@ def _pieces(text: str) -> list[str]:
     out: list[str] = []
     start = 0
     while start < len(text):
-        cut = _CUT.search(text, start + _SLICE_CHARS)
+        cut = SAFE_CUT.search(text, start + _SLICE_CHARS)
         end = cut.start() if cut else len(text)
         out += _PIECE.findall(text, start, end)
         start = end

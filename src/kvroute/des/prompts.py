@@ -17,9 +17,8 @@ import re
 from collections import OrderedDict
 from typing import cast
 
-from kvroute.common.tokenizer import Tokenizer, default_tokenizer
+from kvroute.common.tokenizer import SAFE_CUT, Tokenizer, default_tokenizer
 
-_CUT = re.compile(r"(?<=\S) (?=\S)")
 # text of short words between single spaces: each word is one token of the built-in
 # tokenizer (its piece ``" ?[A-Za-z]{1,4}"``), so splitting on spaces tokenizes it
 _WORDS = re.compile(r" ?[A-Za-z]{1,4}(?: [A-Za-z]{1,4})*")
@@ -48,7 +47,7 @@ class PromptEncoder:
         ids: list[int] = []
         start, size, n = 0, self._chunk_chars, len(text)
         while start < n:
-            cut = _CUT.search(text, start + size) if start + size < n else None
+            cut = SAFE_CUT.search(text, start + size) if start + size < n else None
             end = cut.start() if cut else n
             ids += self._chunk(text[start:end])
             start = end

@@ -15,7 +15,8 @@ CEILINGS = (
 )
 
 
-def _pct(x: float | None) -> str:
+def percent(x: float | None) -> str:
+    """A 0..1 rate as "12.3 %" ("n/a" for None)."""
     return "n/a" if x is None else f"{100.0 * x:.1f} %"
 
 
@@ -47,7 +48,9 @@ def format_ceilings(outcomes: Mapping[str, RouterOutcome]) -> str:
         r: dict[str, Any] = outcome.bench.result
         hit = r.get("engine_prefix_hit_rate")
         ceilings = [r.get(key) for _, key in CEILINGS]
-        rows.append([name, _pct(hit), *map(_pct, ceilings), *(_share(hit, c) for c in ceilings)])
+        rows.append(
+            [name, percent(hit), *map(percent, ceilings), *(_share(hit, c) for c in ceilings)]
+        )
     if len(rows) == 1:
         return ""
     return (

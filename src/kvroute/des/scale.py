@@ -19,6 +19,7 @@ from kvroute.bench.load import default_load
 from kvroute.bench.procs import parse_router
 from kvroute.bench.workloads import make_workload
 from kvroute.bench.workloads.base import Workload
+from kvroute.des.report import percent
 from kvroute.des.simulation import Speed, simulate_router
 from kvroute.engine.profiles import EngineProfile
 
@@ -61,14 +62,17 @@ def run_scale(
     routers: Sequence[str],
     *,
     base_backends: int = 8,
+    copies: int | None = None,
     on_point: Callable[[ScalePoint], None] | None = None,
 ) -> list[ScalePoint]:
+    """Each router on each size; the trace tiled size / ``base_backends`` times, or
+    ``copies`` times whatever the size."""
     points = []
     for n in sizes:
         if n % base_backends:
             raise ValueError(f"fleet size {n} is not a multiple of {base_backends}")
         for router in routers:
-            workload = make(n // base_backends)
+            workload = make(copies or n // base_backends)
             bench, speed = simulate_router(
                 parse_router(router), profile, n, workload, default_load(workload), keep_itl=False
             )
@@ -77,10 +81,6 @@ def run_scale(
             if on_point is not None:
                 on_point(point)
     return points
-
-
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{100 * x:.1f} %"
 
 
 def format_points(points: Sequence[ScalePoint]) -> str:
@@ -97,9 +97,9 @@ def format_points(points: Sequence[ScalePoint]) -> str:
             else "n/a"
         )
         lines.append(
-            f"| {p.num_backends} | {p.router} | {_pct(f['engine_prefix_hit_rate'])} | "
-            f"{_pct(f['cache_ceiling_hit_rate'])} | {_pct(f['pooled_lru_hit_rate'])} | "
-            f"{_pct(f['belady_hit_rate'])} | {share} | {f['median_ttft_ms']:.0f} | "
+            f"| {p.num_backends} | {p.router} | {percent(f['engine_prefix_hit_rate'])} | "
+            f"{percent(f['cache_ceiling_hit_rate'])} | {percent(f['pooled_lru_hit_rate'])} | "
+            f"{percent(f['belady_hit_rate'])} | {share} | {f['median_ttft_ms']:.0f} | "
             f"{f['p99_ttft_ms']:.0f} | {f['request_throughput']:.2f} | {f['completed']} | "
             f"{s.wall_s:.1f} | {s.x_real_time:.0f} | {s.requests_per_s:.0f} |"
         )
