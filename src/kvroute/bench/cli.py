@@ -13,6 +13,7 @@ import math
 import sys
 from typing import Any
 
+from kvroute.bench.compare_cli import parse_pair
 from kvroute.bench.load import LoadConfig, default_load
 from kvroute.bench.progress import rich_progress
 from kvroute.bench.report import format_summary, write_outputs
@@ -27,11 +28,6 @@ _TRACE_FLAGS = {
     "input_scale": "input_scale",
     "output_cap": "output_cap",
 }
-
-
-def _pair(text: str) -> tuple[float, float]:
-    lo, _, hi = text.partition(",")
-    return float(lo), float(hi or lo)
 
 
 def _rates(text: str) -> tuple[float, ...]:
@@ -65,7 +61,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--concurrency", type=int, help="closed loop with N users")
     mode.add_argument("--rate", type=_rates, help="open loop, req/s ('inf'; '3,10,20' = ladder)")
-    p.add_argument("--think-time", type=_pair, help="closed loop think time A,B seconds")
+    p.add_argument("--think-time", type=parse_pair, help="closed loop think time A,B seconds")
     p.add_argument("--burstiness", type=float, default=1.0, help="open loop Gamma shape")
     p.add_argument("--max-concurrency", type=int, help="cap on requests in flight (open loop)")
     bound = p.add_mutually_exclusive_group()

@@ -51,21 +51,25 @@ from kvroute.bench.decisions import DEFAULT_WINDOWS
 from kvroute.bench.workloads import WORKLOAD_NAMES
 
 
-def _pair(text: str) -> tuple[float, float]:
+def parse_pair(text: str) -> tuple[float, float]:
+    """``A,B`` (or ``A``) as two floats."""
     lo, _, hi = text.partition(",")
     return float(lo), float(hi or lo)
 
 
-def _routers(text: str) -> tuple[str, ...]:
+def parse_list(text: str) -> tuple[str, ...]:
+    """A comma-separated list, blanks dropped."""
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
-def add_run_options(p: argparse.ArgumentParser, *, out_help: str) -> None:
-    """Options shared by ``compare`` and ``demo`` (defaults are set by each command)."""
+def add_fleet_and_load_options(
+    p: argparse.ArgumentParser, *, out_help: str, duration_help: str
+) -> None:
+    """The fleet, routers, workload and load options of ``compare``, ``demo`` and
+    ``simulate`` (defaults are set by each command)."""
     p.add_argument("--backends", type=int, help="simulated engines per fleet")
     p.add_argument("--profile", help="engine profile of the simulated fleet")
-    p.add_argument("--routers", type=_routers, help="comma-separated router names")
-    p.add_argument("--speedup", type=float, help="engines run X times faster than real time")
+    p.add_argument("--routers", type=parse_list, help="comma-separated router names")
     p.add_argument("--seed", type=int, default=0, help="workload, load and engine seed")
     p.add_argument(
         "--workload-arg",
@@ -81,11 +85,22 @@ def add_run_options(p: argparse.ArgumentParser, *, out_help: str) -> None:
         type=float,
         help="open loop: R requests (sessions) per second of engine time, Poisson",
     )
-    p.add_argument("--think-time", type=_pair, help="closed loop think time A,B (engine s)")
+    p.add_argument("--think-time", type=parse_pair, help="closed loop think time A,B (engine s)")
     bound = p.add_mutually_exclusive_group()
-    bound.add_argument("--duration", type=float, help="wall seconds of measured sending")
+    bound.add_argument("--duration", type=float, help=duration_help)
     bound.add_argument("--num-requests", type=int, help="measured requests per router")
     p.add_argument("--num-warmup", type=int, help="requests left out of the metrics")
+    p.add_argument("--out", help=out_help)
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def add_run_options(p: argparse.ArgumentParser, *, out_help: str) -> None:
+    """Options shared by ``compare`` and ``demo``: the above, plus the real fleet's."""
+    add_fleet_and_load_options(
+        p, out_help=out_help, duration_help="wall seconds of measured sending"
+    )
+    p.add_argument("--speedup", type=float, help="engines run X times faster than real time")
     p.add_argument(
         "--no-stream",
         action="store_true",
@@ -94,9 +109,6 @@ def add_run_options(p: argparse.ArgumentParser, *, out_help: str) -> None:
     p.add_argument(
         "--sim-arg", action="append", default=[], metavar="ARG", help="extra `kvroute sim` arg"
     )
-    p.add_argument("--out", help=out_help)
-    p.add_argument("--no-plots", action="store_true")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--startup-timeout", type=float, default=60.0, help="seconds per process")
 
 

@@ -35,7 +35,13 @@ from pathlib import Path
 from typing import Any
 
 from kvroute.bench.compare import RouterOutcome, build_load, build_workload
-from kvroute.bench.compare_cli import _pair, _routers, config_from_args, default_out, report
+from kvroute.bench.compare_cli import (
+    add_fleet_and_load_options,
+    config_from_args,
+    default_out,
+    parse_list,
+    report,
+)
 from kvroute.bench.procs import parse_router
 from kvroute.bench.progress import rich_progress
 from kvroute.bench.workloads import WORKLOAD_NAMES
@@ -61,36 +67,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--workload", required=True, help=f"one of: {', '.join(WORKLOAD_NAMES)} (or mooncake)"
     )
     p.add_argument("--trace", help="trace file for plain 'mooncake'")
-    p.add_argument("--backends", type=int, default=8, help="engines in the fleet (default 8)")
-    p.add_argument(
-        "--profile",
-        default="codellama-13b-a100-40g",
-        help="engine profile (default codellama-13b-a100-40g)",
+    add_fleet_and_load_options(
+        p,
+        out_help="output folder (default runs/simulate-<time>)",
+        duration_help="engine seconds of measured sending",
     )
-    p.add_argument(
-        "--routers",
-        type=_routers,
-        default=("round_robin", "kvroute"),
-        help="comma-separated router names (default round_robin,kvroute)",
-    )
-    p.add_argument("--seed", type=int, default=0, help="workload and load seed")
-    p.add_argument(
-        "--workload-arg",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a workload parameter (repeatable), e.g. tile=8 for a trace",
-    )
-    shape = p.add_mutually_exclusive_group()
-    shape.add_argument("--concurrency", type=int, help="closed loop with N users")
-    shape.add_argument(
-        "--rate", type=float, help="open loop: R requests (sessions) per second, Poisson"
-    )
-    p.add_argument("--think-time", type=_pair, help="closed loop think time A,B (seconds)")
-    bound = p.add_mutually_exclusive_group()
-    bound.add_argument("--duration", type=float, help="seconds (engine time) of sending")
-    bound.add_argument("--num-requests", type=int, help="measured requests per router")
-    p.add_argument("--num-warmup", type=int, help="requests left out of the metrics")
     p.add_argument(
         "--kv-event-delay-ms",
         type=float,
@@ -107,7 +88,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--backend-urls",
-        type=_routers,
+        type=parse_list,
         help="names of the simulated backends, comma-separated (default http://sim-0, ...): "
         "a consistent-hash ring is built on them, so a real run's URLs replay its ring",
     )
@@ -116,10 +97,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="step every engine step by step (same results, slower; for checking)",
     )
-    p.add_argument("--out", help="output folder (default runs/simulate-<time>)")
-    p.add_argument("--no-plots", action="store_true")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.set_defaults(func=main, speedup=1.0, sim_arg=[], startup_timeout=60.0)
+    p.set_defaults(
+        func=main,
+        backends=8,
+        profile="codellama-13b-a100-40g",
+        routers=("round_robin", "kvroute"),
+        # compare's options the simulator does not take, as config_from_args reads them
+        speedup=1.0,
+        sim_arg=[],
+        startup_timeout=60.0,
+    )
     return p
 
 
