@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from kvroute.cli import main
 from tests.bench.test_cli import DESIGN_KEYS
 
@@ -11,10 +13,9 @@ from .helpers import SMALL
 
 
 def test_help_names_the_simulator(capsys) -> None:
-    try:
+    with pytest.raises(SystemExit) as exc:
         main(["simulate", "--help"])
-    except SystemExit as exc:
-        assert exc.code == 0
+    assert exc.value.code == 0
     out = capsys.readouterr().out
     assert "--kv-event-delay-ms" in out and "virtual time" in out
 
