@@ -22,6 +22,13 @@ least_load, power_of_two, consistent_hash, random, kvroute, kvroute-exact,
 kvroute:<policy>[:KEY=VALUE...]). The real peers (sglang, vllm-router) run only in
 ``kvroute compare``.
 
+``--plan`` turns it into a capacity planner: for each router, the smallest fleet whose
+P99 TTFT meets ``--slo-ttft-p99`` (doubling, then bisecting the fleet size), its GPUs and
+monthly cost at ``--gpu-cost-per-hour``, and the saving against round-robin
+(plan.txt, plan.json, plan.png in ``--out``; des/plan.py). Example: ``kvroute simulate
+--plan --workload ranvier-stress --concurrency 30 --duration 600 --slo-ttft-p99 1
+--gpu-cost-per-hour 1.25``.
+
 Trace workloads take ``--workload-arg tile=N``: N independent copies of the trace
 (disjoint prompts, interleaved by arrival) for fleets larger than the trace's own.
 """
@@ -34,7 +41,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kvroute.bench.compare import RouterOutcome, build_load, build_workload
+from kvroute.bench.compare import CompareConfig, RouterOutcome, build_load, build_workload
 from kvroute.bench.compare_cli import (
     add_fleet_and_load_options,
     config_from_args,
@@ -42,9 +49,20 @@ from kvroute.bench.compare_cli import (
     parse_list,
     report,
 )
-from kvroute.bench.procs import parse_router
+from kvroute.bench.load import LoadConfig
+from kvroute.bench.procs import RouterSpec, parse_router
 from kvroute.bench.progress import rich_progress
 from kvroute.bench.workloads import WORKLOAD_NAMES
+from kvroute.des.plan import (
+    HOURS_PER_MONTH,
+    Pricing,
+    Probe,
+    format_plan,
+    plan_json,
+    plan_rows,
+    plot_plan,
+    smallest_fleet,
+)
 from kvroute.des.report import format_ceilings, format_speed
 from kvroute.des.simulation import (
     DEFAULT_KV_EVENT_DELAY_S,
@@ -53,7 +71,10 @@ from kvroute.des.simulation import (
     Timing,
     simulate_router,
 )
+from kvroute.engine.profiles import EngineProfile
 from kvroute.sim.profiles import get_profile
+
+BASELINE = "round_robin"  # --plan's savings are against it
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -97,6 +118,19 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="step every engine step by step (same results, slower; for checking)",
     )
+    plan = p.add_argument_group("capacity planning (--plan)")
+    plan.add_argument(
+        "--plan",
+        action="store_true",
+        help="find each router's smallest fleet meeting --slo-ttft-p99 (--backends ignored)",
+    )
+    plan.add_argument("--slo-ttft-p99", type=float, metavar="SECONDS", help="P99 TTFT objective")
+    plan.add_argument(
+        "--gpu-cost-per-hour", type=float, metavar="DOLLARS", help="price of one GPU-hour"
+    )
+    plan.add_argument(
+        "--max-backends", type=int, default=1024, help="largest fleet tried (default 1024)"
+    )
     p.set_defaults(
         func=main,
         backends=8,
@@ -120,9 +154,13 @@ def main(args: argparse.Namespace) -> int:
         if args.backend_urls is not None and len(args.backend_urls) != config.num_backends:
             raise ValueError(f"--backend-urls names {len(args.backend_urls)}, --backends is "
                              f"{config.num_backends}")  # fmt: skip
+        if args.plan:
+            pricing = _plan_pricing(args, profile.gpus)
     except ValueError as exc:
         print(f"kvroute simulate: {exc}", file=sys.stderr)
         return 2
+    if args.plan:
+        return _run_plan(args, config, profile, load, timing, pricing, out)
     outcomes: dict[str, RouterOutcome] = {}
     speeds: dict[str, Speed] = {}
     for name in config.routers:
@@ -159,3 +197,73 @@ def main(args: argparse.Namespace) -> int:
         data = {name: s.to_json() for name, s in speeds.items()}
         (out / "speed.json").write_text(json.dumps(data, indent=2) + "\n")
     return code
+
+
+def _plan_pricing(args: argparse.Namespace, gpus_per_replica: int) -> Pricing:
+    if args.slo_ttft_p99 is None or args.gpu_cost_per_hour is None:
+        raise ValueError("--plan needs --slo-ttft-p99 SECONDS and --gpu-cost-per-hour DOLLARS")
+    if args.slo_ttft_p99 <= 0 or args.gpu_cost_per_hour < 0:
+        raise ValueError("--slo-ttft-p99 must be > 0 and --gpu-cost-per-hour >= 0")
+    if args.max_backends < 1:
+        raise ValueError("--max-backends must be >= 1")
+    return Pricing(args.gpu_cost_per_hour, gpus_per_replica)
+
+
+def _run_plan(
+    args: argparse.Namespace,
+    config: CompareConfig,
+    profile: EngineProfile,
+    load: LoadConfig,
+    timing: Timing,
+    pricing: Pricing,
+    out: Path,
+) -> int:
+    """``--plan``: the smallest fleet per router (des/plan.py), against round-robin."""
+    routers = list(dict.fromkeys([BASELINE, *config.routers]))
+    plans = []
+    for name in routers:
+        spec = parse_router(name)
+        if spec.kind != "kvroute":
+            print(f"kvroute simulate: {name}: skipped (the real {spec.kind} runs only in "
+                  "`kvroute compare`)", file=sys.stderr)  # fmt: skip
+            continue
+
+        def probe(n: int, spec: RouterSpec = spec, name: str = name) -> Probe:
+            bench, _ = simulate_router(
+                spec, profile, n, build_workload(config), load, timing=timing, keep_itl=False
+            )
+            p = Probe.from_result(n, bench.result)
+            if not args.quiet:
+                p99 = "none" if p.p99_ttft_s is None else f"{p.p99_ttft_s:.2f} s"
+                verdict = "meets" if p.meets(args.slo_ttft_p99) else "misses"
+                print(f"  {name:<20} {n:>5} replicas: P99 TTFT {p99}, {p.num_failed} failed "
+                      f"-> {verdict}", flush=True)  # fmt: skip
+            return p
+
+        plans.append(smallest_fleet(name, probe, args.slo_ttft_p99, max_replicas=args.max_backends))
+    rows = plan_rows(plans, pricing, BASELINE)
+    text = format_plan(rows, args.slo_ttft_p99, pricing, args.max_backends)
+    print(f"\n{text}")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "plan.txt").write_text(text + "\n")
+    settings = {
+        "workload": config.workload,
+        "profile": profile.name,
+        "seed": config.seed,
+        "load": load.to_json(),
+        "slo_ttft_p99_s": args.slo_ttft_p99,
+        "gpu_cost_per_hour": pricing.gpu_cost_per_hour,
+        "gpus_per_replica": pricing.gpus_per_replica,
+        "hours_per_month": HOURS_PER_MONTH,
+        "baseline": BASELINE,
+        "max_replicas": args.max_backends,
+    }
+    data = plan_json(plans, rows, settings)
+    (out / "plan.json").write_text(json.dumps(data, indent=2) + "\n")
+    written = ["plan.txt", "plan.json"]
+    if not args.no_plots:
+        title = f"{config.workload} on {profile.name}: P99 TTFT against fleet size"
+        plot_plan(plans, args.slo_ttft_p99, out / "plan.png", title)
+        written.append("plan.png")
+    print(f"\nwrote {out}/: " + ", ".join(written))
+    return 0

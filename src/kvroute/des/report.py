@@ -26,7 +26,8 @@ def _share(hit: float | None, ceiling: float | None) -> str:
     return f"{hit / ceiling:.2f}"
 
 
-def _table(rows: list[list[str]]) -> str:
+def text_table(rows: list[list[str]]) -> str:
+    """Rows of cells as aligned text: the first row is the header, the first column left."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = []
     for row in rows:
@@ -55,7 +56,7 @@ def format_ceilings(outcomes: Mapping[str, RouterOutcome]) -> str:
         return ""
     return (
         "Ceilings over the prompts each run sent (pooled: one cache of the whole fleet's "
-        "KV blocks):\n" + _table(rows)
+        "KV blocks):\n" + text_table(rows)
     )
 
 
@@ -72,4 +73,4 @@ def format_speed(speeds: Mapping[str, Speed]) -> str:
                 f"{s.requests_per_s:.0f}",
             ]
         )
-    return "Simulator speed (this machine):\n" + _table(rows)
+    return "Simulator speed (this machine):\n" + text_table(rows)

@@ -29,11 +29,12 @@ class EngineProfile:
     max_num_batched_tokens: int = 8192  # token budget of one step (chunked prefill)
     max_model_len: int = 32768  # longest prompt + output a request may have
     per_seq_ms: float = 4.4e-3  # sampling and bookkeeping per sequence in a step
+    gpus: int = 1  # GPUs one replica occupies (its tensor-parallel degree): what it costs
 
     def __post_init__(self) -> None:
         if not self.name:
             raise ValueError("profile field 'name' must be a non-empty string")
-        for field in ("block_size", "kv_capacity_tokens", "max_num_seqs"):
+        for field in ("block_size", "kv_capacity_tokens", "max_num_seqs", "gpus"):
             _check_int(field, getattr(self, field), 1)
         _check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
         _check_int("max_model_len", self.max_model_len, 1)
@@ -84,9 +85,9 @@ PROFILES: dict[str, EngineProfile] = {
         _row("llama-3.1-8b-a100", 440_000, 12, 0.090, 3.4e-6, 1.26e-4, 15),
         _row("codellama-13b-a100", 58_000, 19, 0.160, 5.3e-6, 7.9e-4, 15, max_model_len=16384),
         _row("codellama-13b-a100-40g", 9_000, 19, 0.160, 5.3e-6, 7.9e-4, 15, max_model_len=8192),
-        _row("llama-3.1-70b-a100-tp4", 470_000, 26, 0.250, 4.2e-6, 7.9e-5, 15),
+        _row("llama-3.1-70b-a100-tp4", 470_000, 26, 0.250, 4.2e-6, 7.9e-5, 15, gpus=4),
         _row("llama-3.1-8b-h100", 440_000, 8, 0.028, 1.1e-6, 7.7e-5, 15),
-        _row("llama-3.1-70b-h100-tp4", 470_000, 17, 0.074, 1.3e-6, 4.8e-5, 15),
+        _row("llama-3.1-70b-h100-tp4", 470_000, 17, 0.074, 1.3e-6, 4.8e-5, 15, gpus=4),
         _row("tiny", 8_192, 1, 0.010, 0, 0, 1, max_model_len=8192),
         # Router-overhead runs: every step is free, so only the proxy's cost shows.
         _row("instant", 1_000_000, 0, 0, 0, 0, 0, max_num_seqs=4096,
