@@ -17,6 +17,7 @@ TABLE = {  # docs/engine-model.md: kv tokens, t_fwd0, b, c, k_ctx, a_api
     "codellama-13b-a100-40g": (9_000, 19, 0.160, 5.3e-6, 7.9e-4, 15),
     "llama-3.1-70b-a100-tp4": (470_000, 26, 0.250, 4.2e-6, 7.9e-5, 15),
     "llama-3.1-8b-h100": (440_000, 8, 0.028, 1.1e-6, 7.7e-5, 15),
+    "codellama-13b-h100": (58_000, 13, 0.050, 1.7e-6, 4.9e-4, 15),
     "llama-3.1-70b-h100-tp4": (470_000, 17, 0.074, 1.3e-6, 4.8e-5, 15),
     "tiny": (8_192, 1, 0.010, 0, 0, 1),
     "instant": (1_000_000, 0, 0, 0, 0, 0),
@@ -34,6 +35,8 @@ def test_builtin_profiles_match_the_table() -> None:
             assert (p.max_num_seqs, p.max_num_batched_tokens) == (256, 8192)
     assert PROFILES["codellama-13b-a100"].num_gpu_blocks == 3625
     assert PROFILES["codellama-13b-a100-40g"].max_model_len == 8192
+    assert {n for n, p in PROFILES.items() if p.gpus != 1} == {n for n in TABLE if "tp4" in n}
+    assert all(PROFILES[n].gpus == 4 for n in TABLE if "tp4" in n)
 
 
 def test_get_profile_by_name_and_unknown_name_lists_known() -> None:

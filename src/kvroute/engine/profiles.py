@@ -87,6 +87,7 @@ PROFILES: dict[str, EngineProfile] = {
         _row("codellama-13b-a100-40g", 9_000, 19, 0.160, 5.3e-6, 7.9e-4, 15, max_model_len=8192),
         _row("llama-3.1-70b-a100-tp4", 470_000, 26, 0.250, 4.2e-6, 7.9e-5, 15, gpus=4),
         _row("llama-3.1-8b-h100", 440_000, 8, 0.028, 1.1e-6, 7.7e-5, 15),
+        _row("codellama-13b-h100", 58_000, 13, 0.050, 1.7e-6, 4.9e-4, 15, max_model_len=16384),
         _row("llama-3.1-70b-h100-tp4", 470_000, 17, 0.074, 1.3e-6, 4.8e-5, 15, gpus=4),
         _row("tiny", 8_192, 1, 0.010, 0, 0, 1, max_model_len=8192),
         # Router-overhead runs: every step is free, so only the proxy's cost shows.
