@@ -23,6 +23,7 @@ from kvroute.bench.workloads.shared_prefix import (
     PrefixRepetition,
     PrefixRepetitionParams,
 )
+from kvroute.bench.workloads.tiled import Tiled, copy_seed
 
 # name -> (workload class, its parameter dataclass)
 SYNTHETIC: dict[str, tuple[type[Workload], type]] = {
@@ -48,7 +49,12 @@ def make_workload(
     overrides = overrides or {}
     if name in SYNTHETIC:
         cls, params_cls = SYNTHETIC[name]
-        return cls(apply_overrides(params_cls(), overrides), seed)
+        own = {k: v for k, v in overrides.items() if k != "tile"}
+        params = apply_overrides(params_cls(), own)
+        copies = tile_count(overrides.get("tile", "1"))
+        if copies == 1:
+            return cls(params, seed)
+        return Tiled([cls(params, copy_seed(seed, k)) for k in range(copies)])
     if name == "mooncake" or name.startswith("mooncake:"):
         from kvroute.bench.tracefile import DEFAULT_TRACE, read_mooncake_trace
 
@@ -57,6 +63,17 @@ def make_workload(
         rows = read_mooncake_trace(path, params.max_requests)
         return MooncakeReplay(rows, params, seed, source=str(path))
     raise ValueError(f"unknown workload {name!r}; known: {', '.join(WORKLOAD_NAMES)}")
+
+
+def tile_count(text: str) -> int:
+    """The ``tile`` override of a synthetic workload: copies, >= 1."""
+    try:
+        copies = int(text)
+    except ValueError:
+        copies = 0
+    if copies < 1:
+        raise ValueError(f"bad value {text!r} for workload parameter 'tile' (copies, >= 1)")
+    return copies
 
 
 __all__ = [
