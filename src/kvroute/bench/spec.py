@@ -2,7 +2,8 @@
 
 A workload produces ``RequestSpec`` values and nothing else: no sockets, no clock, no
 global random. The HTTP load generator turns a spec into a POST; the discrete-event
-simulator feeds ``prompt_text()`` to its engines. Both therefore see the same requests.
+simulator feeds ``prompt_text()`` to its engines (tokenized, or as the ``prompt_token_ids``
+a trace replay made with it). Both therefore see the same requests.
 
 Sizes are exact in tokens of ``kvroute.common.tokenizer``: synthetic text is a run of
 ``OUTPUT_WORDS`` joined by single spaces, and each such word (four letters at most) is
@@ -14,7 +15,8 @@ from __future__ import annotations
 import functools
 import json
 import random
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from kvroute.common.chat import render_chat
@@ -72,6 +74,10 @@ class RequestSpec:
     arrival_s: float | None = None  # trace replay: send time from run start; None: load decides
     think_time_s: float = 0.0  # pause after the previous turn of the session, before this one
     headers: tuple[tuple[str, str], ...] = ()  # extra HTTP headers (name, value), e.g. a session id
+    # completions: the prompt's ids under the built-in tokenizer, when the workload made
+    # them with the text (trace replays), so the simulator need not tokenize 145M tokens;
+    # never sent, not compared, not in ``to_json``
+    prompt_token_ids: Sequence[int] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.endpoint not in ENDPOINT_PATHS:
@@ -80,6 +86,8 @@ class RequestSpec:
             raise ValueError("exactly one of messages (chat) and prompt (completions) is set")
         if (self.endpoint == "chat") != (self.messages is not None):
             raise ValueError("chat requests carry messages, completions requests a prompt")
+        if self.prompt_token_ids is not None and self.prompt is None:
+            raise ValueError("prompt_token_ids come with a prompt")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.think_time_s < 0:
@@ -141,7 +149,8 @@ class RequestSpec:
 
         ``headers`` appears only when set, so specs without headers keep their bytes.
         """
-        fields = asdict(self)
+        fields = asdict(replace(self, prompt_token_ids=None))
+        del fields["prompt_token_ids"]
         if not self.headers:
             del fields["headers"]
         return json.dumps(fields, sort_keys=True, separators=(",", ":"))

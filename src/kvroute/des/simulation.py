@@ -182,7 +182,8 @@ class Simulation:
 
     def _submit(self, at: float, spec: RequestSpec, t0: float, warmup: bool, done: Done) -> None:
         text = spec.prompt_text()
-        ids = self.encoder.encode(text)
+        given = spec.prompt_token_ids  # the workload's, when it made them with the text
+        ids = list(given) if given is not None else self.encoder.encode(text)
         profile = self.profile
         problem = size_error(profile, len(ids), spec.max_tokens)  # the engine would say 400
         self._next_id += 1

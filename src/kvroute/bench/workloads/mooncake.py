@@ -22,16 +22,17 @@ from __future__ import annotations
 import itertools
 import random
 import statistics
-from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from kvroute.bench.spec import RequestSpec, Session
 from kvroute.bench.workloads.base import Workload, WorkloadDefaults
-from kvroute.common.tokenizer import OUTPUT_WORDS
+from kvroute.bench.workloads.word_blocks import WordBlockCache, prompt_token_ids
+from kvroute.common.tokenizer import Tokenizer
 
 MOONCAKE_BLOCK_TOKENS = 512
+_TOKENIZER = Tokenizer()  # the marked words' ids (a private cache of pieces)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +141,15 @@ def tile_marked(prompt: str, copy: int) -> str:
     return " ".join(words)
 
 
+def tile_marked_ids(marked: str, ids: list[int] | None) -> list[int] | None:
+    """The token ids of ``marked`` (``tile_marked`` of a prompt whose ids are ``ids``):
+    only the two marked words' ids change, as no token spans the space after them."""
+    if ids is None:
+        return None
+    head = marked.split(" ", 2)[:2]
+    return _TOKENIZER.encode(" ".join(head)) + ids[len(head) :]
+
+
 def scale_row(row: TraceRow, input_scale: float) -> TraceRow:
     """The row with its prompt scaled; block ids are kept, so sharing is kept."""
     if input_scale == 1.0:
@@ -175,48 +185,31 @@ class MooncakeReplay(Workload):
         self.source = source
         stamps = [r.timestamp_ms for r in self.rows]
         self.bucket_ms = detect_bucket_ms(stamps) if p.spread_ms is None else p.spread_ms
-        self._blocks: OrderedDict[int, list[str]] = OrderedDict()  # LRU of block words
-        self._texts: dict[int, str] = {}  # a block's words joined (oldest dropped first)
-        # blocks kept: about 4M words in all (tiled traces interleave many working sets)
-        self._max_cached_blocks = max(4096, (1 << 22) // self.block_tokens)
-
-    def _block_words(self, hash_id: int) -> list[str]:
-        words = self._blocks.get(hash_id)
-        if words is None:
-            rng = random.Random(f"{self.seed}:mooncake:block:{hash_id}")
-            words = rng.choices(OUTPUT_WORDS, k=self.block_tokens)  # as words_text, unjoined
-            self._blocks[hash_id] = words
-            if len(self._blocks) > self._max_cached_blocks:
-                self._blocks.popitem(last=False)
-        else:
-            self._blocks.move_to_end(hash_id)
-        return words
+        # blocks kept: about 8M words in all (tiled traces interleave many working sets)
+        self._blocks = WordBlockCache(
+            f"{self.seed}:mooncake:block:",
+            self.block_tokens,
+            max_blocks=max(4096, (1 << 23) // self.block_tokens),
+        )
 
     def prompt_for(self, row: TraceRow) -> str:
         """The row's blocks joined and cut to exactly ``input_length`` tokens."""
-        texts: list[str] = []
-        count = 0
-        for h in row.hash_ids:
-            words = self._block_words(h)
-            if count + len(words) > row.input_length:  # the last block, cut
-                texts.append(" ".join(words[: row.input_length - count]))
-                return " ".join(texts)
-            texts.append(self._block_text(h, words))
-            count += len(words)
-            if count == row.input_length:
-                return " ".join(texts)
-        # scaled rows may round one word past the blocks: repeat the first words
-        words = " ".join(texts).split(" ") if texts else []
-        words.extend(words[: row.input_length - len(words)] or ["the"])
-        return " ".join(words[: row.input_length])
+        return self.prompt_and_ids(row)[0]
 
-    def _block_text(self, hash_id: int, words: list[str]) -> str:
-        text = self._texts.get(hash_id)
-        if text is None:
-            text = self._texts[hash_id] = " ".join(words)
-            if len(self._texts) > self._max_cached_blocks:
-                self._texts.pop(next(iter(self._texts)))
-        return text
+    def prompt_and_ids(self, row: TraceRow) -> tuple[str, list[int] | None]:
+        """``prompt_for(row)`` and its token ids (``Tokenizer.encode`` of it; None for a
+        scaled row whose blocks fall short)."""
+        size, n = self.block_tokens, row.input_length
+        needed = -(-n // size)
+        blocks = self._blocks.get(row.hash_ids[:needed])
+        texts = [b.text for b in blocks]
+        if needed > len(row.hash_ids):
+            # scaled rows may round one word past the blocks: repeat the first words
+            words = " ".join(texts).split(" ")
+            words.extend(words[: n - len(words)])
+            return " ".join(words[:n]), None
+        texts[-1] = blocks[-1].head(n - (needed - 1) * size)  # the last block, cut
+        return " ".join(texts), prompt_token_ids(blocks, n)
 
     def sessions(self) -> Iterator[Session]:
         """The rows in arrival order; with ``tile`` N, N copies merged by arrival, copy k
@@ -238,10 +231,11 @@ class MooncakeReplay(Workload):
             if p.output_cap:
                 max_tokens = min(max_tokens, p.output_cap)
             group = row.hash_ids[1] if len(row.hash_ids) > 1 else row.hash_ids[0]
-            prompt = self.prompt_for(row)
+            prompt, ids = self.prompt_and_ids(row)
             if k:  # another copy: its own prefix groups, its own first words
                 group += k * id_span
                 prompt = tile_marked(prompt, k)
+                ids = tile_marked_ids(prompt, ids)
             yield (
                 RequestSpec(
                     request_id=f"mooncake-{n:07d}",
@@ -252,6 +246,7 @@ class MooncakeReplay(Workload):
                     num_prompt_tokens=row.input_length,
                     prefix_group=f"mooncake-{group}",
                     arrival_s=(stamp - start) / 1000.0 / p.speedup,
+                    prompt_token_ids=ids,
                 ),
             )
 
