@@ -25,7 +25,7 @@ from kvroute.core.cost import (
 )
 from kvroute.core.index import PrefixIndex
 from kvroute.core.load_order import LoadOrder
-from kvroute.core.policy.base import LoadView, Placement, RouteRequest
+from kvroute.core.policy.base import EngineGauges, LoadView, Placement, RouteRequest
 from kvroute.core.sessions import SessionTable, session_key
 from kvroute.core.turnover import CacheTurnover
 
@@ -130,6 +130,10 @@ class RequestView:
             queued_prefill_tokens=b.load.queued_prefill_tokens,
             weight=b.weight,
         )
+
+    def engine_gauges(self, url: str) -> EngineGauges:
+        b = self._get(url)
+        return EngineGauges(b.load.engine_num_waiting, b.kv_cache_usage, b.num_gpu_blocks)
 
     def mean_in_flight_tokens(self) -> float:
         return self._order.mean_tokens()

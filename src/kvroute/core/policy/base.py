@@ -95,6 +95,16 @@ class LoadView:
     weight: float  # relative capacity of the backend (1.0 = nominal)
 
 
+@dataclass(frozen=True, slots=True)
+class EngineGauges:
+    """One backend's engine as the router's last /metrics scrape saw it (None: not
+    reported yet): the raw figures a peer router reads (the models of core/policy/)."""
+
+    num_waiting: int | None  # vllm:num_requests_waiting
+    kv_cache_usage: float | None  # vllm:kv_cache_usage_perc, 0..1
+    num_gpu_blocks: int | None  # vllm:cache_config_info num_gpu_blocks
+
+
 class FleetView(Protocol):
     """Read-only view of the fleet for one routing call (request model and exclude applied).
 
@@ -121,6 +131,10 @@ class FleetView(Protocol):
         ...
 
     def load(self, url: str) -> LoadView: ...
+
+    def engine_gauges(self, url: str) -> EngineGauges:
+        """``url``'s engine gauges as last scraped, unmerged with the router's own counts."""
+        ...
 
     def mean_in_flight_tokens(self) -> float:
         """Mean weighted in-flight tokens over the healthy, non-draining fleet."""
