@@ -19,7 +19,7 @@ from kvroute.core.cost import PrefillRate, work_tokens
 from kvroute.core.event_model import EventCacheModel
 from kvroute.core.keys import CHARS_PER_TOKEN
 from kvroute.core.kv_sync import KvStream
-from kvroute.core.load import BackendLoad, Ticket, clamp_count
+from kvroute.core.load import ActiveBlocks, BackendLoad, Ticket, clamp_count
 from kvroute.core.policy.base import RouteRequest
 from kvroute.core.working_set import WorkingSet
 
@@ -137,6 +137,7 @@ class Backend:
     """A backend's live record: membership flags, engine gauges, load, rate, counters."""
 
     __slots__ = (
+        "active_blocks",
         "block_size",
         "draining",
         "engine",
@@ -171,6 +172,7 @@ class Backend:
         self.num_gpu_blocks: int | None = None  # scraped; None: the default
         self.kv_cache_usage: float | None = None  # last scraped gauge, 0..1
         self.load = BackendLoad()
+        self.active_blocks = ActiveBlocks()  # the keys of its open tickets (shared once)
         # the fleet's rate x weight x an offset learned from its own first tokens (cost.py)
         self.rate = PrefillRate(fleet_rate.config, reference=fleet_rate, scale=weight)
         self.open_tickets: dict[int, Ticket] = {}
@@ -237,12 +239,14 @@ class Backend:
             decode_tokens=req.max_tokens,
             predicted_cached_tokens=cached_tokens,
             queued_ahead_tokens=self.load.queued_prefill_tokens,
+            block_hashes=req.block_hashes,
         )
 
     def acquire(self, ticket: Ticket, means: tuple[float, float]) -> None:
         """Count a dispatched request (``means``: the load's after it, load.means_after)."""
         self.load.acquire(ticket, means)
         self.open_tickets[ticket.ticket_id] = ticket
+        self.active_blocks.add(ticket.block_hashes)
         self.predicted.hit_tokens += ticket.predicted_cached_tokens
         self.predicted.query_tokens += ticket.num_prompt_tokens
         self.num_dispatched += 1
@@ -251,6 +255,7 @@ class Backend:
         """Take back ``acquire`` (``means``: the load's before it)."""
         self.load.unacquire(ticket, means)
         del self.open_tickets[ticket.ticket_id]
+        self.active_blocks.remove(ticket.block_hashes)
         self.predicted.hit_tokens -= ticket.predicted_cached_tokens
         self.predicted.query_tokens -= ticket.num_prompt_tokens
         self.num_dispatched -= 1
@@ -283,6 +288,7 @@ class Backend:
         """The request ended (its ticket is open here)."""
         self.load.release(ticket)
         del self.open_tickets[ticket.ticket_id]
+        self.active_blocks.remove(ticket.block_hashes)
         if not ok:
             self.num_failed += 1
 
@@ -367,3 +373,5 @@ class Backend:
         assert load.decode_tokens == sum(t.decode_tokens for t in tickets), "fleet: decode"
         queued = sum(t.uncached_tokens for t in tickets if not t.is_prefill_released)
         assert load.queued_prefill_tokens_ours == queued, "fleet: queued prefill"
+        refs = sum(self.active_blocks.key_to_refs.values())
+        assert refs == sum(len(t.block_hashes) for t in tickets), "fleet: active blocks"

@@ -15,6 +15,7 @@ ticket and took a backend out of routing for good).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 PRIOR_UNCACHED_TOKENS = 512.0  # mean uncached prompt tokens before any request was seen
@@ -54,6 +55,40 @@ class Ticket:
     is_prefill_released: bool = False  # uncached_tokens no longer counted as queued
     is_finished: bool = False  # everything released; further finishes are no-ops
     ok: bool | None = None  # how it ended (None while in flight)
+    block_hashes: Sequence[int] = ()  # the prompt's keys (its blocks in ActiveBlocks)
+
+
+class ActiveBlocks:
+    """The distinct blocks (by key) of one backend's in-flight requests, each with the
+    number of them holding it: a shared prefix counts once, as in the engine's memory
+    (the "active blocks" of NVIDIA Dynamo's router, which peer models read)."""
+
+    __slots__ = ("key_to_refs",)
+
+    def __init__(self) -> None:
+        self.key_to_refs: dict[int, int] = {}
+
+    def __len__(self) -> int:
+        return len(self.key_to_refs)
+
+    def add(self, keys: Sequence[int]) -> None:
+        refs = self.key_to_refs
+        for k in keys:
+            refs[k] = refs.get(k, 0) + 1
+
+    def remove(self, keys: Sequence[int]) -> None:
+        refs = self.key_to_refs
+        for k in keys:
+            n = refs[k] - 1
+            if n:
+                refs[k] = n
+            else:
+                del refs[k]
+
+    def num_new(self, keys: Sequence[int]) -> int:
+        """How many of ``keys`` no in-flight request holds."""
+        refs = self.key_to_refs
+        return sum(1 for k in keys if k not in refs)
 
 
 class BackendLoad:

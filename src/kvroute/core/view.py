@@ -23,9 +23,10 @@ from kvroute.core.cost import (
     evicted_hot_blocks,
     kv_free_tokens,
 )
+from kvroute.core.event_model import EventCacheModel
 from kvroute.core.index import PrefixIndex
 from kvroute.core.load_order import LoadOrder
-from kvroute.core.policy.base import EngineGauges, LoadView, Placement, RouteRequest
+from kvroute.core.policy.base import CacheSize, EngineGauges, LoadView, Placement, RouteRequest
 from kvroute.core.sessions import SessionTable, session_key
 from kvroute.core.turnover import CacheTurnover
 
@@ -137,6 +138,14 @@ class RequestView:
 
     def mean_in_flight_tokens(self) -> float:
         return self._order.mean_tokens()
+
+    def active_blocks(self, url: str, block_hashes: Sequence[int] = ()) -> int:
+        active = self._get(url).active_blocks
+        return len(active) + active.num_new(block_hashes)
+
+    def cache_size(self, url: str) -> CacheSize:
+        model = self._index.url_to_model[url]
+        return CacheSize(len(model), model.capacity_blocks, isinstance(model, EventCacheModel))
 
     def match(self, block_hashes: Sequence[int], max_holders: int) -> list[tuple[str, int]]:
         out: list[tuple[str, int]] = []

@@ -85,6 +85,14 @@ class Placement(NamedTuple):
     hot_blocks: int  # of which its working set of reused blocks (core/working_set.py)
 
 
+class CacheSize(NamedTuple):
+    """One backend's cache as the router's index models it (``FleetView.cache_size``)."""
+
+    held_blocks: int  # blocks the index holds for it (key blocks)
+    capacity_blocks: int  # what it can hold, in the request's key blocks
+    exact: bool  # True: read from its KV events (exact mode, synced); False: the router's record
+
+
 @dataclass(frozen=True, slots=True)
 class LoadView:
     """One backend's load as a policy sees it (ours merged with the engine's gauges)."""
@@ -138,6 +146,15 @@ class FleetView(Protocol):
 
     def mean_in_flight_tokens(self) -> float:
         """Mean weighted in-flight tokens over the healthy, non-draining fleet."""
+        ...
+
+    def active_blocks(self, url: str, block_hashes: Sequence[int] = ()) -> int:
+        """Distinct blocks of the requests in flight on ``url`` (by key: a prefix they
+        share counts once), plus the blocks of ``block_hashes`` none of them holds."""
+        ...
+
+    def cache_size(self, url: str) -> CacheSize:
+        """How much ``url``'s cache model holds, its capacity, and where it comes from."""
         ...
 
     def match(self, block_hashes: Sequence[int], max_holders: int) -> list[tuple[str, int]]:
