@@ -35,7 +35,7 @@ import aiohttp
 
 KVROUTE_POLICIES = ("round_robin", "random", "least_load", "power_of_two", "consistent_hash")
 # kvroute policies that model another router (core/policy/): for the simulator above all
-PEER_MODELS = ("sglang-cache-aware",)
+PEER_MODELS = ("sglang-cache-aware", "dynamo")
 PEERS = ("sglang", "vllm-router")
 KVROUTE = (sys.executable, "-m", "kvroute.cli")  # the kvroute command of this Python
 
@@ -58,6 +58,9 @@ class RouterSpec:
 def parse_router(name: str) -> RouterSpec:
     """``round_robin`` | ``kvroute`` | ``kvroute-exact`` | ``kvroute:<policy>`` | peers.
 
+    A model of a peer (``PEER_MODELS``) runs in approximate mode; ``<model>-exact``
+    (``dynamo-exact``) runs it in exact mode, on the engines' KV events.
+
     ``kvroute:<policy>:KEY=VALUE:...`` gives the policy parameters (``--policy-arg``),
     checked here: ``kvroute:prefix:max_holders=8:num_hashed=0``.
     """
@@ -71,11 +74,12 @@ def parse_router(name: str) -> RouterSpec:
         return RouterSpec(name, "kvroute", policy, policy_args=tuple(args))
     if name in KVROUTE_POLICIES or name in PEER_MODELS:
         return RouterSpec(name, "kvroute", name)
+    if name.removesuffix("-exact") in PEER_MODELS:  # a peer model on KV events (exact mode)
+        return RouterSpec(name, "kvroute", name.removesuffix("-exact"), mode="exact")
     if name in PEERS:
         return RouterSpec(name, name, "cache_aware")
-    known = ", ".join(
-        (*KVROUTE_POLICIES, "kvroute", "kvroute-exact", "kvroute:<policy>", *PEER_MODELS, *PEERS)
-    )
+    kvroute = ("kvroute", "kvroute-exact", "kvroute:<policy>")
+    known = ", ".join((*KVROUTE_POLICIES, *kvroute, *PEER_MODELS, "<peer model>-exact", *PEERS))
     raise ValueError(f"unknown router {name!r}; known: {known}")
 
 
