@@ -35,7 +35,7 @@ import aiohttp
 
 KVROUTE_POLICIES = ("round_robin", "random", "least_load", "power_of_two", "consistent_hash")
 # kvroute policies that model another router (core/policy/): for the simulator above all
-PEER_MODELS = ("sglang-cache-aware", "dynamo")
+PEER_MODELS = ("sglang-cache-aware", "dynamo", "aibrix-dualmap")
 PEERS = ("sglang", "vllm-router")
 KVROUTE = (sys.executable, "-m", "kvroute.cli")  # the kvroute command of this Python
 

@@ -21,6 +21,7 @@ from kvroute.core.policy.base import (
     RouteRequest,
 )
 from kvroute.core.policy.consistent_hash import ConsistentHashParams, ConsistentHashPolicy
+from kvroute.core.policy.dualmap import DualMapPolicy
 from kvroute.core.policy.dynamo import DynamoPolicy
 from kvroute.core.policy.least_load import LeastLoadParams, LeastLoadPolicy
 from kvroute.core.policy.power_of_two import PowerOfTwoPolicy
@@ -40,6 +41,7 @@ POLICIES: dict[str, type[Policy]] = {
         PrefixPolicy,
         SglangCacheAwarePolicy,  # a model of a peer, for the simulator (issue 14)
         DynamoPolicy,  # a model of a peer (issue 14)
+        DualMapPolicy,  # a model of a peer (issue 14)
     )
 }
 
