@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import random
+from array import array
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvroute.des.ceilings import PromptLog, belady_hits, ceilings, infinite_hits, pooled_lru_hits
+from kvroute.des.ceilings import (
+    PromptLog,
+    _belady_hits_walked,
+    _neighbours,
+    _pooled_lru_hits_walked,
+    belady_hits,
+    ceilings,
+    infinite_hits,
+    pooled_lru_hits,
+)
 
 
 def log_of(prompts: list[list[int]], bs: int = 1) -> PromptLog:
@@ -65,3 +77,62 @@ def test_infinite_equals_a_set_of_everything_seen(prompts: list[list[int]]) -> N
         want += matched
         seen.update(blocks)
     assert infinite_hits(log_of(chained)) == want
+
+
+def _walked_neighbours(hashes: list[int]) -> tuple[list[int], list[int]]:
+    prev, nxt, last = [-1] * len(hashes), [len(hashes)] * len(hashes), {}
+    for i, h in enumerate(hashes):
+        if h in last:
+            prev[i], nxt[last[h]] = last[h], i
+        last[h] = i
+    return prev, nxt
+
+
+# hashes that often share their high bits (the sort's key) while differing below
+hashes_64 = st.tuples(st.integers(0, 3), st.integers(0, 5)).map(lambda t: t[0] << 62 | t[1])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(hashes_64, max_size=40))
+def test_neighbours_link_each_hash_to_its_previous_and_next_use(hashes: list[int]) -> None:
+    prev, nxt = _neighbours(array("Q", hashes))
+    assert (prev.tolist(), nxt.tolist()) == _walked_neighbours(hashes)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    prompts=st.lists(
+        st.tuples(st.lists(st.integers(0, 12), max_size=6), st.integers(0, 3), st.booleans()),
+        max_size=30,
+    ),
+    capacity=st.integers(0, 14),
+    chained=st.booleans(),
+)
+def test_counted_at_once_equals_walked_block_by_block(
+    prompts: list[tuple[list[int], int, bool]], capacity: int, chained: bool
+) -> None:
+    """The vectorized LRU and Belady (and their shortcuts) equal the walks, with warm-up
+    prompts, partial tail blocks and blocks repeated within a prompt."""
+    log = PromptLog(4)
+    for blocks, tail, counted in prompts:
+        if chained:
+            blocks = [hash(tuple(blocks[: i + 1])) & 0xFFFF for i in range(len(blocks))]
+        log.add(blocks, len(blocks) * 4 + tail, counted=counted)
+    assert pooled_lru_hits(log, capacity) == _pooled_lru_hits_walked(log, capacity)
+    assert belady_hits(log, capacity) == _belady_hits_walked(
+        log, capacity, _neighbours(log.hashes)[1]
+    )
+
+
+def test_counted_at_once_equals_walked_on_a_long_log() -> None:
+    """Thousands of prompts: the LRU sweep steps over long runs of dead positions."""
+    rng = random.Random(5)
+    log = PromptLog(2)
+    for _ in range(3000):
+        head = rng.choice([rng.randrange(40), rng.randrange(10_000)])  # hot and cold prefixes
+        blocks = [head * 100 + i for i in range(rng.randrange(1, 25))]
+        log.add(blocks, len(blocks) * 2 + rng.randrange(2), counted=rng.random() < 0.9)
+    for capacity in (1, 30, 300, 3000, 100_000):
+        assert pooled_lru_hits(log, capacity) == _pooled_lru_hits_walked(log, capacity)
+        want = _belady_hits_walked(log, capacity, _neighbours(log.hashes)[1])
+        assert belady_hits(log, capacity) == want

@@ -13,9 +13,12 @@ warm-up ones marked as not counted. Over that log:
   again), hits counted per block. No placement on this fleet can keep more useful blocks,
   and a prefix hit is a run of block hits, so it bounds every router's hit rate from above.
 
-The log keeps 8 bytes per prompt block (``array``), so it grows with the run; the passes
-find each block's previous and next use with one sort of the hashes (numpy), and the
-LRU and Belady caches hold at most the pooled capacity.
+The log keeps 8 bytes per prompt block (``array``), so it grows with the run. One sort
+of the hashes (numpy) gives each block's previous and next use, and the three hit counts
+are array operations over those (a Python step per prompt for the LRU); the LRU and
+Belady caches are walked block by block only where that shortcut does not hold (a block
+twice in one prompt; a Belady cache that fills up). tests/des/test_ceilings.py checks
+the counts against the walks.
 """
 
 from __future__ import annotations
@@ -84,44 +87,141 @@ def ceilings(log: PromptLog, capacity_blocks: int) -> Ceilings:
     if not total:
         return Ceilings(None, None, None, capacity_blocks)
     bs = log.block_size
+    walk = _Walk.of(log)  # one sort of the log for the three
     return Ceilings(
-        infinite_hits(log) * bs / total,
-        pooled_lru_hits(log, capacity_blocks) * bs / total,
-        belady_hits(log, capacity_blocks) * bs / total,
+        infinite_hits(log, walk) * bs / total,
+        pooled_lru_hits(log, capacity_blocks, walk) * bs / total,
+        belady_hits(log, capacity_blocks, walk) * bs / total,
         capacity_blocks,
     )
 
 
-def _neighbours(hashes: array) -> tuple[np.ndarray, np.ndarray]:
+def _neighbours(hashes: array[int]) -> tuple[np.ndarray, np.ndarray]:
     """(previous, next) position of each block's hash in the log, -1 / len when none:
-    one stable sort of the hashes instead of a dict of every block ever sent."""
+    one sort instead of a dict of every block ever sent.
+
+    The sort is of one 64-bit key per block: the hash's high bits, then the block's
+    position in the low bits the positions need, so the sorted keys give the order too,
+    and blocks whose hashes share the high bits come out in log order. Neighbours with
+    equal hashes are linked; the rare group whose high bits are shared by different
+    hashes is linked again by its full hashes."""
     h = np.frombuffer(hashes, dtype=np.uint64) if len(hashes) else np.zeros(0, np.uint64)
     n = h.size
-    order = np.argsort(h, kind="stable")  # equal hashes stay in log order
+    bits = max(1, n.bit_length())
+    low = np.uint64((1 << bits) - 1)
+    keys = (h & ~low) | np.arange(n, dtype=np.uint64)
+    keys.sort()
+    order = (keys & low).astype(np.int64)
+    group = keys >> np.uint64(bits)
+    same_group = group[1:] == group[:-1]
     same = h[order[1:]] == h[order[:-1]]
+    link = same_group & same
     prev = np.full(n, -1, dtype=np.int64)
     nxt = np.full(n, n, dtype=np.int64)
-    prev[order[1:][same]] = order[:-1][same]
-    nxt[order[:-1][same]] = order[1:][same]
+    prev[order[1:][link]] = order[:-1][link]
+    nxt[order[:-1][link]] = order[1:][link]
+    mixed = same_group & ~same
+    if mixed.any():  # the groups are runs of the sorted keys
+        runs = np.unique(group[1:][mixed])
+        first = np.searchsorted(group, runs, "left")
+        end = np.searchsorted(group, runs, "right")
+        shared = np.concatenate([order[a:b] for a, b in zip(first, end, strict=True)])
+        prev[shared], nxt[shared] = -1, n
+        last: dict[int, int] = {}
+        for i in np.sort(shared).tolist():
+            j = last.get(hashes[i])
+            if j is not None:
+                prev[i], nxt[j] = j, i
+            last[hashes[i]] = i
     return prev, nxt
 
 
-def infinite_hits(log: PromptLog) -> int:
+@dataclass(frozen=True, slots=True)
+class _Walk:
+    """The log as arrays: each block's previous and next use, each prompt's bounds."""
+
+    prev: np.ndarray  # per block: position of the hash's previous use, -1 when none
+    nxt: np.ndarray  # per block: position of its next use, len when none
+    starts: np.ndarray  # per prompt: its first block
+    sizes: np.ndarray  # per prompt: its blocks
+    usable: np.ndarray  # per prompt: blocks a hit may cover
+    counted: np.ndarray  # per prompt: measured (bool)
+
+    @classmethod
+    def of(cls, log: PromptLog) -> _Walk:
+        prev, nxt = _neighbours(log.hashes)
+        ends = np.array(log.ends, dtype=np.int64)
+        starts = np.zeros_like(ends)
+        starts[1:] = ends[:-1]
+        usable = np.array(log.usable, dtype=np.int64)
+        counted = np.array(log.counted, dtype=bool)
+        return cls(prev, nxt, starts, ends - starts, usable, counted)
+
+    def leading_runs(self, ok: np.ndarray) -> int:
+        """Counted blocks of the prompts' leading runs of ``ok`` blocks (at most the
+        usable ones each): the prefix hits of a cache that holds the ``ok`` ones."""
+        bad = np.append(np.flatnonzero(~ok), ok.size)
+        first_bad = bad[np.searchsorted(bad, self.starts)]
+        runs = np.minimum(first_bad - self.starts, self.usable)
+        return int(runs[self.counted].sum())
+
+
+def infinite_hits(log: PromptLog, walk: _Walk | None = None) -> int:
     """Counted hit blocks of an unbounded prefix cache: the leading blocks sent before."""
-    seen_before = _neighbours(log.hashes)[0] >= 0
-    hits = 0
-    for start, _, usable, _, counted in log.prompts():
-        if not counted:
-            continue
-        matched = 0
-        while matched < usable and seen_before[start + matched]:
-            matched += 1
-        hits += matched
-    return hits
+    walk = walk or _Walk.of(log)
+    return walk.leading_runs(walk.prev >= 0)
 
 
-def pooled_lru_hits(log: PromptLog, capacity: int) -> int:
-    """Counted prefix-hit blocks of one LRU cache of ``capacity`` blocks."""
+def pooled_lru_hits(log: PromptLog, capacity: int, walk: _Walk | None = None) -> int:
+    """Counted prefix-hit blocks of one LRU cache of ``capacity`` blocks.
+
+    The cache is looked up before a prompt and trimmed to ``capacity`` after it is put
+    in, so at a prompt's lookup it holds the ``capacity`` blocks used last; a block whose
+    previous use is at ``l`` is held when at most ``capacity`` distinct blocks were used
+    at ``l`` or later, i.e. when ``l`` is at least the prompt's threshold
+    (``_lru_thresholds``). A log with a block twice in one prompt is walked block by
+    block instead (``_pooled_lru_hits_walked``)."""
+    if capacity < 1:
+        return 0
+    walk = walk or _Walk.of(log)
+    first_of_block = np.repeat(walk.starts, walk.sizes)
+    if np.any(walk.prev >= first_of_block):
+        return _pooled_lru_hits_walked(log, capacity)
+    thresholds = _lru_thresholds(walk, capacity)
+    return walk.leading_runs(walk.prev >= np.repeat(thresholds, walk.sizes))
+
+
+def _lru_thresholds(walk: _Walk, capacity: int) -> np.ndarray:
+    """Per prompt, at its start ``t``: the least ``x`` such that at most ``capacity`` of
+    the positions in ``[x, t)`` are their hash's last use before ``t`` (live). ``x`` only
+    moves forward (a block used again is live again, later), so one sweep finds them."""
+    nxt, prev = walk.nxt, walk.prev
+    out = np.zeros(walk.starts.size, dtype=np.int64)
+    x = live = last = 0
+    for p, t in enumerate(walk.starts.tolist()):
+        if t > last:  # the previous prompt's blocks are in: live, and the uses they end
+            live += int(np.count_nonzero(nxt[last:t] >= t))
+            before = prev[last:t]
+            live -= int(np.count_nonzero((before >= x) & (before < last)))
+            last = t
+        drop = live - capacity
+        while drop > 0:  # move x past the ``drop`` oldest live positions
+            step = max(drop * 2, 4096)
+            alive = np.cumsum(nxt[x : min(t, x + step)] >= t)
+            if alive.size and alive[-1] >= drop:
+                x += int(np.searchsorted(alive, drop)) + 1
+                live -= drop
+                break
+            x += alive.size
+            got = int(alive[-1]) if alive.size else 0
+            live -= got
+            drop -= got
+        out[p] = x
+    return out
+
+
+def _pooled_lru_hits_walked(log: PromptLog, capacity: int) -> int:
+    """``pooled_lru_hits`` by an ``OrderedDict`` walked block by block."""
     cache: OrderedDict[int, None] = OrderedDict()
     hits = 0
     hashes = log.hashes
@@ -141,13 +241,36 @@ def pooled_lru_hits(log: PromptLog, capacity: int) -> int:
     return hits
 
 
-def belady_hits(log: PromptLog, capacity: int) -> int:
+def belady_hits(log: PromptLog, capacity: int, walk: _Walk | None = None) -> int:
     """Counted block hits (within each prompt's usable blocks) of one cache of
-    ``capacity`` blocks under Belady's replacement with bypass."""
+    ``capacity`` blocks under Belady's replacement with bypass.
+
+    The cache holds, before each block, the blocks used before and again at or after it.
+    While that never reaches ``capacity`` when a new block comes that is used again,
+    nothing is ever evicted or bypassed, and the hits are the blocks used before: counted
+    at once. Otherwise the cache is walked block by block (``_belady_hits_walked``)."""
+    if capacity < 1:
+        return 0
+    walk = walk or _Walk.of(log)
+    prev, nxt = walk.prev, walk.nxt
+    n = prev.size
+    again = nxt < n
+    # a block used again is held from just after it to its next use, inclusive
+    starts = np.bincount(np.flatnonzero(again) + 1, minlength=n + 2)
+    held = np.cumsum(starts - np.bincount(nxt[again] + 1, minlength=n + 2))[:n]
+    if np.any(held[(prev < 0) & again] >= capacity):
+        return _belady_hits_walked(log, capacity, nxt)
+    offset = np.arange(n) - np.repeat(walk.starts, walk.sizes)
+    countable = np.repeat(walk.counted, walk.sizes) & (offset < np.repeat(walk.usable, walk.sizes))
+    return int(np.count_nonzero(countable & (prev >= 0)))
+
+
+def _belady_hits_walked(log: PromptLog, capacity: int, next_uses: np.ndarray) -> int:
+    """``belady_hits`` by a dict of the cached blocks and a heap of their next uses."""
     hashes = log.hashes
     n = len(hashes)
     never = n  # "not used again"
-    next_use = _neighbours(hashes)[1].tolist()
+    next_use = next_uses.tolist()
     cached: dict[int, int] = {}  # hash -> its next use
     heap: list[tuple[int, int]] = []  # (-next use, hash); stale entries skipped, pruned
     hits = 0
