@@ -135,6 +135,7 @@ def test_each_policy_parses_its_own_parameters() -> None:
     assert set(default_params()) == {
         "round_robin", "random", "least_load", "power_of_two", "consistent_hash", "prefix",
         "sglang-cache-aware", "dynamo", "aibrix-dualmap",
+        "llm-d", "llm-d-no-hit-lru", "chwbl",
     }  # fmt: skip
     params = policy_class("prefix").parse_params({"max_holders": 8}, "policies.prefix")
     policy = make_policy("prefix", params)

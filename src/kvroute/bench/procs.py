@@ -35,7 +35,14 @@ import aiohttp
 
 KVROUTE_POLICIES = ("round_robin", "random", "least_load", "power_of_two", "consistent_hash")
 # kvroute policies that model another router (core/policy/): for the simulator above all
-PEER_MODELS = ("sglang-cache-aware", "dynamo", "aibrix-dualmap")
+PEER_MODELS = (
+    "sglang-cache-aware",
+    "dynamo",
+    "aibrix-dualmap",
+    "llm-d",
+    "llm-d-no-hit-lru",
+    "chwbl",
+)
 PEERS = ("sglang", "vllm-router")
 KVROUTE = (sys.executable, "-m", "kvroute.cli")  # the kvroute command of this Python
 

@@ -20,10 +20,12 @@ from kvroute.core.policy.base import (
     Reason,
     RouteRequest,
 )
+from kvroute.core.policy.chwbl import ChwblPolicy
 from kvroute.core.policy.consistent_hash import ConsistentHashParams, ConsistentHashPolicy
 from kvroute.core.policy.dualmap import DualMapPolicy
 from kvroute.core.policy.dynamo import DynamoPolicy
 from kvroute.core.policy.least_load import LeastLoadParams, LeastLoadPolicy
+from kvroute.core.policy.llmd import LlmdNoHitLruPolicy, LlmdPolicy
 from kvroute.core.policy.power_of_two import PowerOfTwoPolicy
 from kvroute.core.policy.prefix import PrefixParams, PrefixPolicy
 from kvroute.core.policy.random_policy import RandomPolicy
@@ -42,6 +44,9 @@ POLICIES: dict[str, type[Policy]] = {
         SglangCacheAwarePolicy,  # a model of a peer, for the simulator (issue 14)
         DynamoPolicy,  # a model of a peer (issue 14)
         DualMapPolicy,  # a model of a peer (issue 14)
+        LlmdPolicy,  # a model of a peer (issue 14)
+        LlmdNoHitLruPolicy,  # a model of a peer (issue 14)
+        ChwblPolicy,  # a model of a peer (issue 14)
     )
 }
 
