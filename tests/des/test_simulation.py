@@ -165,3 +165,13 @@ def test_without_per_record_gaps_the_itl_figures_are_the_same() -> None:
     itl_keys = [k for k in kept.result if "_itl_" in k]
     assert itl_keys and all(kept.result[k] == dropped.result[k] for k in itl_keys)
     assert kept.result["p99_itl_ms"] > 0
+
+
+def test_a_peer_model_scrapes_the_engines_as_its_router_does() -> None:
+    from kvroute.des.router import SimRouter
+
+    urls = ["http://a", "http://b"]
+    assert SimRouter(parse_router("llm-d"), urls, "m").scrape_interval_s == 0.05
+    kvroute = SimRouter(parse_router("kvroute"), urls, "m")
+    assert kvroute.scrape_interval_s == kvroute.config.health.scrape_interval_s == 2.0
+    assert SimRouter(parse_router("kvroute:llm-d-no-hit-lru"), urls, "m").scrape_interval_s == 0.05

@@ -6,7 +6,8 @@ model, sessions, scrape interval), and learns only what the live router learns, 
 would learn it: each dispatch; the first token of each stream (the prefill rate); the
 engine's usage at the end of a stream (cached tokens; in approximate mode the tokens
 its text stood for); the end of each request; a /metrics scrape of every engine each
-``health.scrape_interval_s``; in exact mode each engine's KV event batches, a fixed
+``health.scrape_interval_s`` (a peer model's ``metrics_interval_s`` where its router
+reads metrics at its own pace); in exact mode each engine's KV event batches, a fixed
 delay after the step that published them. Keys are what the live router computes:
 text keys of the prompt and a token estimate from its bytes in approximate mode, the
 engine's token ids in exact mode. There is no second copy of a policy, the cost model
@@ -71,7 +72,9 @@ class SimRouter:
             self.fleet.add_backend(url, models=(model,))
             if self.exact:
                 self.fleet.kv_history_empty(url)  # a fresh engine: nothing published yet
-        self.scrape_interval_s = self.config.health.scrape_interval_s
+        # a peer model scrapes as the router it models does (llm-d: every 50 ms)
+        modelled = type(self.fleet.policy).metrics_interval_s
+        self.scrape_interval_s = modelled or self.config.health.scrape_interval_s
 
     def route(
         self,

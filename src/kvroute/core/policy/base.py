@@ -205,6 +205,9 @@ class Policy(abc.ABC):
 
     name: ClassVar[str] = "abstract"
     Params: ClassVar[type[Any]] = NoParams
+    # how often the router a model stands for reads the engines' /metrics, when that is
+    # not kvroute's ``health.scrape_interval_s`` (the simulator scrapes at this interval)
+    metrics_interval_s: ClassVar[float | None] = None
 
     @classmethod
     def parse_params(cls, raw: Mapping[str, object] | None, path: str) -> Any:

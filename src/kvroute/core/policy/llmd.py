@@ -31,8 +31,9 @@ Simplifications: the blocks are the router's keys (64 bytes of the prompt as the
 renders it in approximate mode, 16 tokens on KV events), where the EPP hashes 64-byte
 blocks of the completion prompt or of the JSON of chat messages, and hashes a trailing
 partial block too; the queue, KV usage and cache size are the router's last /metrics
-scrape (every ``health.scrape_interval_s``, 2 s by default, where the EPP scrapes every
-50 ms: between two scrapes requests herd onto the server that looked least busy);
+scrape, which ``kvroute simulate`` takes every 50 ms for these models, as the EPP's
+data layer does (``metrics_interval_s``; kvroute's own 2 s would make requests herd
+between two scrapes onto the server that looked least busy and understate llm-d);
 departed servers stay in the index (the EPP drops them every 2 minutes); the predicted
 hit is the index's credit for the chosen server.
 """
@@ -88,6 +89,7 @@ class LlmdPolicy(SeededPolicy):
     """llm-d's default scheduling profile as the module docstring describes it."""
 
     name = "llm-d"
+    metrics_interval_s = 0.05  # the EPP refreshes engine metrics every 50 ms
     Params: ClassVar[type[LlmdParams]] = LlmdParams
 
     def __init__(self, params: LlmdParams | None = None, *, rng: Random | None = None) -> None:
