@@ -41,7 +41,7 @@ from kvroute.core.fleet_kv import KvEventsMixin
 from kvroute.core.index import LruCacheModel, PrefixIndex
 from kvroute.core.kv_sync import ExactSync
 from kvroute.core.listener import FleetListener
-from kvroute.core.load import MAX_COUNT, Ticket, clamp_count
+from kvroute.core.load import MAX_COUNT, ActiveBlocks, Ticket, clamp_count
 from kvroute.core.load_order import LoadOrder
 from kvroute.core.policy.base import Decision, Policy, RouteRequest, cached_tokens_for
 from kvroute.core.served_models import ServedModels
@@ -100,6 +100,8 @@ class Fleet(KvEventsMixin, EngineReportsMixin):
             raise ValueError(f"weight must be > 0 and finite, got {weight}")
         self._next_epoch += 1
         b = Backend(url, self._next_epoch, models, float(weight), self.fleet_rate)
+        if self.policy.needs_active_blocks:
+            b.active_blocks = ActiveBlocks()
         b.healthy = healthy
         self._backends[url] = b
         self._served.count(b.models, 1)

@@ -141,6 +141,8 @@ class RequestView:
 
     def active_blocks(self, url: str, block_hashes: Sequence[int] = ()) -> int:
         active = self._get(url).active_blocks
+        if active is None:
+            raise RuntimeError("FleetView.active_blocks needs a policy with needs_active_blocks")
         return len(active) + active.num_new(block_hashes)
 
     def cache_size(self, url: str) -> CacheSize:

@@ -154,6 +154,7 @@ class DynamoPolicy(Policy):
 
     name = "dynamo"
     Params = DynamoParams
+    needs_active_blocks = True
 
     def __init__(self, params: DynamoParams | None = None, *, rng: Random | None = None) -> None:
         self.p = params or DynamoParams()
