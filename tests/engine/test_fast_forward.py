@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from kvroute.engine import Engine
 from kvroute.engine.fast_forward import advance_decodes, decode_batch, decode_span
+from kvroute.engine.step_time import StepTimeModel, StepWork
 
 from .helpers import make_profile
 
@@ -102,3 +103,24 @@ def test_jittered_engines_are_not_fast_forwarded() -> None:
     engine.add_request("a", list(range(20)), 30)
     engine.step()
     assert decode_batch(engine) == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    terms=st.tuples(*[st.floats(0.0, 50.0, allow_subnormal=False)] * 5),
+    ctx=st.integers(1, 10**7),
+    num_seqs=st.integers(1, 1024),
+    num_steps=st.integers(0, 130),
+)
+def test_decode_durations_are_the_steps_durations_bit_for_bit(
+    terms: tuple[float, ...], ctx: int, num_seqs: int, num_steps: int
+) -> None:
+    t0, b, c, k, s = terms
+    model = StepTimeModel(
+        make_profile(t_fwd0_ms=t0, b_ms_per_token=b, c_ms_per_pair=c, k_ctx_ms_per_token=k,
+                     per_seq_ms=s)
+    )  # fmt: skip
+    want = [
+        model.duration_s(StepWork(0, 0.0, ctx + j * num_seqs, num_seqs)) for j in range(num_steps)
+    ]
+    assert model.decode_durations_s(ctx, num_seqs, num_steps) == want

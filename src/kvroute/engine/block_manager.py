@@ -117,7 +117,7 @@ class BlockManager:
             if block.ref_cnt == 0:
                 del self._free[block_id]
             block.ref_cnt += 1
-        req.block_table = [*hit.block_ids, *(self._new_block() for _ in range(num_needed))]
+        req.block_table = [*hit.block_ids, *self._new_blocks(num_needed)]
         req.num_cached_blocks = len(hit.block_ids)
         req.num_computed_tokens = hit.num_tokens
         self._cache_full_blocks(req, total)
@@ -132,20 +132,19 @@ class BlockManager:
         num_needed = -(-total // bs) - len(req.block_table)
         if num_needed > len(self._free):
             return False
-        for _ in range(num_needed):
-            req.block_table.append(self._new_block())
+        req.block_table += self._new_blocks(num_needed)
         if total >= (req.num_cached_blocks + 1) * bs:
             self._cache_full_blocks(req, total)
         return True
 
     def free(self, req: Request) -> None:
         """Release a request's blocks, tail first, to the end of the free queue."""
-        blocks = self.blocks
+        blocks, free = self.blocks, self._free
         for block_id in reversed(req.block_table):
             block = blocks[block_id]
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
-                self._free[block_id] = None
+                free[block_id] = None
         req.block_table = []
         req.num_cached_blocks = 0
 
@@ -167,17 +166,22 @@ class BlockManager:
 
     # -- internals ------------------------------------------------------------------------
 
-    def _new_block(self) -> int:
-        """Take the next free block, evicting its cached hash (lazy eviction)."""
-        block_id, _ = self._free.popitem(last=False)
-        block = self.blocks[block_id]
-        if block.block_hash is not None:
-            del self._hash_to_block[block.block_hash]
-            if self._enable_events:
-                self._events.append(BlockRemoved([block.block_hash]))
-            block.block_hash = None
-        block.ref_cnt = 1
-        return block_id
+    def _new_blocks(self, count: int) -> list[int]:
+        """Take the next ``count`` free blocks, evicting their cached hashes (lazy
+        eviction), in queue order."""
+        pop, blocks, hash_to_block = self._free.popitem, self.blocks, self._hash_to_block
+        taken = []
+        for _ in range(count):
+            block_id, _ = pop(last=False)
+            block = blocks[block_id]
+            if block.block_hash is not None:
+                del hash_to_block[block.block_hash]
+                if self._enable_events:
+                    self._events.append(BlockRemoved([block.block_hash]))
+                block.block_hash = None
+            block.ref_cnt = 1
+            taken.append(block_id)
+        return taken
 
     def _ensure_hashes(self, req: Request, num_blocks: int) -> None:
         """Extend ``req.block_hashes`` to its first ``num_blocks`` full blocks."""
@@ -197,13 +201,15 @@ class BlockManager:
             return
         self._ensure_hashes(req, num_full)
         stored: list[int] = []
+        hashes, table, blocks = req.block_hashes, req.block_table, self.blocks
+        hash_to_block = self._hash_to_block
         for i in range(start, num_full):
-            h = req.block_hashes[i]
-            if h in self._hash_to_block:
+            h = hashes[i]
+            if h in hash_to_block:
                 continue  # recomputed duplicate: the cached copy stays the one found
-            block = self.blocks[req.block_table[i]]
-            block.block_hash = h
-            self._hash_to_block[h] = block.block_id
+            block_id = table[i]
+            blocks[block_id].block_hash = h
+            hash_to_block[h] = block_id
             stored.append(i)
         req.num_cached_blocks = num_full
         if self._enable_events and stored:

@@ -19,7 +19,6 @@ the same terms) and tested (tests/engine/test_fast_forward.py, tests/des/).
 from __future__ import annotations
 
 from kvroute.engine.engine import Engine
-from kvroute.engine.step_time import StepWork
 
 
 def decode_batch(engine: Engine) -> int:
@@ -65,14 +64,13 @@ def decode_span(engine: Engine, max_steps: int) -> list[float]:
         first = (-(n - 1)) % bs  # first step j with (n - 1 + j) % bs == 0
         need_at[first] += 1
     free = engine.block_manager.num_free_blocks
-    durations: list[float] = []
-    duration_s = engine.step_time.duration_s
+    num_steps = 0
     for j in range(max(0, steps)):
         free -= need_at[j % bs]
         if free < 0:
             break
-        durations.append(duration_s(StepWork(0, 0.0, ctx + j * batch, batch)))
-    return durations
+        num_steps += 1
+    return engine.step_time.decode_durations_s(ctx, batch, num_steps)
 
 
 def advance_decodes(engine: Engine, num_steps: int) -> None:

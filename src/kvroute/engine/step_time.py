@@ -64,4 +64,16 @@ class StepTimeModel:
         if self._jitter:
             j, uniform = self._jitter, self._rng.uniform
             return sum(t * (1.0 + uniform(-j, j)) for t in terms) / 1000.0
-        return sum(terms) / 1000.0
+        # added left to right, as decode_durations_s adds them
+        return (terms[0] + terms[1] + terms[2] + terms[3] + terms[4]) / 1000.0
+
+    def decode_durations_s(self, ctx_tokens: int, num_seqs: int, num_steps: int) -> list[float]:
+        """``duration_s`` of ``num_steps`` decode-only steps of ``num_seqs`` (>= 1)
+        sequences, the first reading ``ctx_tokens`` of context and each next one
+        ``num_seqs`` more: the same sums, without a ``StepWork`` per step. No jitter."""
+        if self._jitter or num_seqs < 1:
+            raise ValueError("decode_durations_s: deterministic steps of >= 1 sequence only")
+        t0, b, c, k, s = self._terms_ms
+        head = t0 + b * 0 + c * 0.0  # no prefill tokens, no attention pairs
+        seqs = s * num_seqs
+        return [(head + k * (ctx_tokens + j * num_seqs) + seqs) / 1000.0 for j in range(num_steps)]
