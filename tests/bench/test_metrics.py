@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import random
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -10,6 +12,7 @@ import pytest
 from kvroute.bench.metrics import (
     RequestRecord,
     peak_concurrency,
+    peak_output_throughput,
     prefix_group_affinity,
     router_stickiness,
     summarize,
@@ -110,3 +113,47 @@ def test_stickiness_follows_response_order_not_send_order():
 def test_peak_concurrency_counts_touching_intervals_once():
     back_to_back = [rec(0.0, 0.1, [], 1.0, 2), rec(1.0, 0.1, [], 1.0, 2)]
     assert peak_concurrency(back_to_back) == 1
+
+
+def _record(i: int, start: float, ttft: float | None, itl: tuple[float, ...], e2e: float | None):
+    return RequestRecord(
+        request_id=str(i), prefix_group="g", session_id=None, turn=0, start_s=start,
+        warmup=False, ok=ttft is not None, ttft_s=ttft, itl_s=itl, e2e_s=e2e,
+        prompt_tokens=1, output_tokens=len(itl) + 1, cached_tokens=None, backend=None,
+        status=200,
+    )  # fmt: skip
+
+
+def test_peaks_equal_the_running_sums_they_vectorize() -> None:
+    """``peak_concurrency`` and ``peak_output_throughput`` (numpy) equal the sweeps they
+    replaced: a sorted event walk and a running sum per record, ties included."""
+
+    def walked(records: list[RequestRecord]) -> tuple[int, float]:
+        events = []
+        buckets: Counter[int] = Counter()
+        for r in records:
+            if r.e2e_s is not None:
+                events += [(r.start_s, 1), (r.start_s + r.e2e_s, -1)]
+            if r.ok and r.ttft_s is not None:
+                t = r.start_s + r.ttft_s
+                buckets[int(t)] += 1
+                for gap in r.itl_s:
+                    t += gap
+                    buckets[int(t)] += 1
+        level = peak = 0
+        for _, step in sorted(events):
+            level += step
+            peak = max(peak, level)
+        return peak, float(max(buckets.values(), default=0))
+
+    rng = random.Random(0)
+    pick = [0.0, 0.1, 0.25, 0.5, 1.0]  # exact ties between starts, ends and buckets
+    for _ in range(2000):
+        records = []
+        for i in range(rng.randrange(30)):
+            ttft = rng.choice([None, 0.5, rng.uniform(0, 2)])
+            itl = tuple(rng.choice([*pick, rng.uniform(0, 0.7)]) for _ in range(rng.randrange(8)))
+            e2e = rng.choice([None, 0.5, rng.uniform(0, 3)])
+            start = rng.choice([*pick, rng.uniform(0, 5)])
+            records.append(_record(i, start, ttft, itl if ttft is not None else (), e2e))
+        assert (peak_concurrency(records), peak_output_throughput(records)) == walked(records)

@@ -82,33 +82,43 @@ def measured(records: Iterable[RequestRecord]) -> list[RequestRecord]:
 
 
 def peak_concurrency(records: Sequence[RequestRecord]) -> int:
-    """Most requests in flight at once (sweep over send .. end intervals)."""
-    events = []
-    for r in records:
-        if r.e2e_s is not None:
-            events += [(r.start_s, 1), (r.start_s + r.e2e_s, -1)]
-    level = peak = 0
-    for _, step in sorted(events, key=lambda e: (e[0], e[1])):
-        level += step
-        peak = max(peak, level)
-    return peak
+    """Most requests in flight at once (sweep over send .. end intervals; an end and a
+    send at the same time: the end first)."""
+    timed = [r for r in records if r.e2e_s is not None]
+    if not timed:
+        return 0
+    starts = np.array([r.start_s for r in timed])
+    ends = starts + np.array([r.e2e_s for r in timed])
+    times = np.concatenate((starts, ends))
+    steps = np.concatenate((np.ones(len(timed), np.int64), np.full(len(timed), -1, np.int64)))
+    levels = np.cumsum(steps[np.lexsort((steps, times))])
+    return max(0, int(levels.max()))
 
 
 def peak_output_throughput(records: Sequence[RequestRecord]) -> float:
-    """Most token chunks received in one wall-clock second (vLLM's 1-s buckets)."""
-    buckets: Counter[int] = Counter()
-    for r in records:
-        if r.ok and r.ttft_s is not None:
-            t = r.start_s + r.ttft_s
-            buckets[int(t)] += 1
-            for gap in r.itl_s:
-                t += gap
-                buckets[int(t)] += 1
-    return float(max(buckets.values(), default=0))
+    """Most token chunks received in one wall-clock second (vLLM's 1-s buckets).
+
+    Each record's chunk times are its first token's plus the gaps, added one by one
+    (``np.cumsum`` adds in order, as a running sum would)."""
+    times = [
+        np.cumsum((r.start_s + r.ttft_s, *r.itl_s))
+        for r in records
+        if r.ok and r.ttft_s is not None
+    ]
+    if not times:
+        return 0.0
+    seconds = np.concatenate(times).astype(np.int64)  # int(): towards zero
+    return float(np.bincount(seconds - seconds.min()).max())
 
 
-def summarize(records: Sequence[RequestRecord], duration_s: float) -> dict[str, Any]:
-    """The vLLM ``bench serve`` result keys for the measured records."""
+def summarize(
+    records: Sequence[RequestRecord],
+    duration_s: float,
+    *,
+    itl_s: Sequence[float] | None = None,
+) -> dict[str, Any]:
+    """The vLLM ``bench serve`` result keys for the measured records; ``itl_s``: the
+    inter-token gaps when the caller pooled them already (else taken from the records)."""
     runs = measured(records)
     done = [r for r in runs if r.ok]
     total_in = sum(r.prompt_tokens for r in done)
@@ -129,7 +139,7 @@ def summarize(records: Sequence[RequestRecord], duration_s: float) -> dict[str, 
     series = {
         "ttft": [r.ttft_s for r in done if r.ttft_s is not None],
         "tpot": [t for r in done if (t := r.tpot_s) is not None],
-        "itl": [gap for r in done for gap in r.itl_s],
+        "itl": itl_s if itl_s is not None else [gap for r in done for gap in r.itl_s],
         "e2el": [r.e2e_s for r in done if r.e2e_s is not None],
     }
     for name in LATENCY_METRICS:

@@ -27,7 +27,7 @@ from kvroute.bench.compare import add_decision_analysis
 from kvroute.bench.fleet import EngineDelta, engine_deltas, fleet_results
 from kvroute.bench.load import LoadConfig
 from kvroute.bench.loadgen import ProgressFn
-from kvroute.bench.metrics import EngineCounters, RequestRecord, latency_stats, summarize
+from kvroute.bench.metrics import EngineCounters, RequestRecord, summarize
 from kvroute.bench.procs import RouterSpec
 from kvroute.bench.runner import BenchResult
 from kvroute.bench.spec import RequestSpec
@@ -342,8 +342,7 @@ def simulate_router(
     sim.run()
     records = sim.clients.records
     t0, end = sim.clients.t0 or 0.0, sim.clients.end or 0.0
-    result = summarize(records, end - t0)
-    result.update(latency_stats("itl", sim.itl_pool))  # the same figures, records or not
+    result = summarize(records, end - t0, itl_s=sim.itl_pool)  # the same, records or not
     result.update(fleet_results(records, sim.engine_deltas()))
     result.update(ceilings(sim.log, num_backends * profile.num_gpu_blocks).to_json())
     result["cache_ceiling_block_size"] = profile.block_size
