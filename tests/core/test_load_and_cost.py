@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from kvroute.core.cost import CostConfig, PrefillRate, estimate_ttft_s, kv_shortage
+from kvroute.core.cost import (
+    CostConfig,
+    PrefillRate,
+    RequestLifetime,
+    admission_wait_s,
+    estimate_ttft_s,
+)
 from kvroute.core.fleet import Fleet
 from tests.core.routing_helpers import chain, make_fleet, req, serve, url
 
@@ -132,11 +138,16 @@ def test_estimate_caps_the_hit_at_prompt_minus_one_and_adds_attention():
     assert long / short > 80 * 1.5  # superlinear: the quadratic attention term
 
 
-def test_kv_shortage_counts_only_the_blocks_a_request_adds():
+def test_a_request_that_fits_pays_no_admission_wait_and_one_that_does_not_waits_lumps():
     cfg = CostConfig()
-    assert kv_shortage(100, 500, 1000) == 0.0 and kv_shortage(1500, 0, 1000) == 1.0
+    assert admission_wait_s(100, 500, 1000, running=3, lifetime_s=8.0) == 0.0
+    # 3 running requests pin 900 of 1,000 tokens: the next to end frees 300 in about
+    # L / 4; 350 missing tokens need two of them to end
+    assert admission_wait_s(250, 100, 1000, running=3, lifetime_s=8.0) == pytest.approx(2.0)
+    assert admission_wait_s(450, 100, 1000, running=3, lifetime_s=8.0) == pytest.approx(4.0)
+    assert admission_wait_s(5000, 100, 1000, running=3, lifetime_s=8.0) == pytest.approx(6.0)
 
-    def estimate(cached: int, free: float) -> float:
+    def estimate(cached: int, free: float, lifetime_s: float | None = None) -> float:
         return estimate_ttft_s(
             num_prompt_tokens=2000,
             cached_tokens=cached,
@@ -146,12 +157,27 @@ def test_kv_shortage_counts_only_the_blocks_a_request_adds():
             kv_free_tokens=free,
             kv_capacity_tokens=4000,
             decode_tokens=100,
+            running_requests=1,
+            lifetime_s=lifetime_s,
         )
 
     # A holder full of the very prefix it would serve pays no admission wait...
     assert estimate(cached=1984, free=500) == estimate(cached=1984, free=4000)
-    # ...while a cold request that does not fit waits for blocks.
-    assert estimate(cached=0, free=0) > estimate(cached=0, free=4000) + cfg.kv_full_wait_s * 0.5
+    # ...while a cold request that does not fit waits for a running one to end: half its
+    # lifetime, the configured one until a lifetime was measured
+    no_room = estimate(cached=0, free=0) - estimate(cached=0, free=4000)
+    assert no_room == pytest.approx(cfg.kv_full_wait_s / 2)
+    measured = estimate(cached=0, free=0, lifetime_s=6.0) - estimate(cached=0, free=4000)
+    assert measured == pytest.approx(3.0)
+
+
+def test_the_request_lifetime_is_a_mean_of_finishes() -> None:
+    life = RequestLifetime(alpha=0.5)
+    assert life.mean_s is None
+    life.observe(4.0)
+    life.observe(float("nan"))  # not a duration: ignored
+    life.observe(8.0)
+    assert life.mean_s == pytest.approx(6.0)
 
 
 def test_prefill_rate_learns_and_stays_bounded():

@@ -104,17 +104,23 @@ def test_candidate_set_stays_small_on_a_large_fleet():
     assert 3 <= len(decision.ranked) <= 8
 
 
-@pytest.mark.parametrize(("kv_usage", "moves"), [(1.0, True), (0.2, False)])
-def test_full_kv_on_the_holder_pushes_long_recompute_elsewhere_only_when_worth_it(kv_usage, moves):
-    # 80-block caches; the holder's KV is pinned by running requests and a 1k-token prefill
-    # is queued on it. Full: the request waits ~0.8 s for blocks there, against ~0.1 s to
-    # recompute the prefix elsewhere (charged twice, plus the margin): it moves. At 20 %
-    # usage it waits ~30 ms: not worth a duplicate of the prefix (before issue 10 it moved
-    # on any saving, here the ~0.1 s of queue ahead of it).
+@pytest.mark.parametrize(("lifetime_s", "moves"), [(2.0, True), (0.05, False)])
+def test_full_kv_on_the_holder_pushes_long_recompute_elsewhere_only_when_worth_it(
+    lifetime_s, moves
+):
+    # 80-block caches; the holder's KV is pinned by running requests (usage 100 %) and a
+    # 1k-token prefill is queued on it, so the request waits there for a running request
+    # to end: about half a request's lifetime, with one running. Requests that keep their
+    # KV 2 s: a 1 s wait, against ~0.1 s to recompute the prefix elsewhere (charged twice,
+    # plus the margin): it moves. Requests of 50 ms: a 25 ms wait, not worth a duplicate
+    # of the prefix (before issue 10 it moved on any saving, here the queue ahead of it).
     fleet = make_fleet(n=2, capacity=80)
+    _, t = serve(fleet, req("short", chain((9, 1))))
+    fleet.on_first_token(t, 0.0)
+    fleet.finish(t, lifetime_s, ok=True)  # how long a request keeps its KV
     system = chain((1, 64))
     d, _ = serve(fleet, req("a", system))
-    fleet.update_engine_stats(d.backend, kv_cache_usage=kv_usage)
+    fleet.update_engine_stats(d.backend, kv_cache_usage=1.0)
     decision = fleet.route(req("b", system + chain((2, 1))), 1.0)
     assert (decision.backend != d.backend) is moves
     assert decision.reason == ("load" if moves else "prefix")

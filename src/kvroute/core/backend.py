@@ -172,8 +172,7 @@ class Backend:
         self.num_gpu_blocks: int | None = None  # scraped; None: the default
         self.kv_cache_usage: float | None = None  # last scraped gauge, 0..1
         self.load = BackendLoad()
-        # the keys of its open tickets (shared once), for a policy that reads them
-        self.active_blocks: ActiveBlocks | None = None
+        self.active_blocks = ActiveBlocks()  # the keys of its open tickets (shared once)
         # the fleet's rate x weight x an offset learned from its own first tokens (cost.py)
         self.rate = PrefillRate(fleet_rate.config, reference=fleet_rate, scale=weight)
         self.open_tickets: dict[int, Ticket] = {}
@@ -247,8 +246,7 @@ class Backend:
         """Count a dispatched request (``means``: the load's after it, load.means_after)."""
         self.load.acquire(ticket, means)
         self.open_tickets[ticket.ticket_id] = ticket
-        if self.active_blocks is not None:
-            self.active_blocks.add(ticket.block_hashes)
+        self.active_blocks.add(ticket.block_hashes)
         self.predicted.hit_tokens += ticket.predicted_cached_tokens
         self.predicted.query_tokens += ticket.num_prompt_tokens
         self.num_dispatched += 1
@@ -257,8 +255,7 @@ class Backend:
         """Take back ``acquire`` (``means``: the load's before it)."""
         self.load.unacquire(ticket, means)
         del self.open_tickets[ticket.ticket_id]
-        if self.active_blocks is not None:
-            self.active_blocks.remove(ticket.block_hashes)
+        self.active_blocks.remove(ticket.block_hashes)
         self.predicted.hit_tokens -= ticket.predicted_cached_tokens
         self.predicted.query_tokens -= ticket.num_prompt_tokens
         self.num_dispatched -= 1
@@ -291,8 +288,7 @@ class Backend:
         """The request ended (its ticket is open here)."""
         self.load.release(ticket)
         del self.open_tickets[ticket.ticket_id]
-        if self.active_blocks is not None:
-            self.active_blocks.remove(ticket.block_hashes)
+        self.active_blocks.remove(ticket.block_hashes)
         if not ok:
             self.num_failed += 1
 
@@ -377,6 +373,5 @@ class Backend:
         assert load.decode_tokens == sum(t.decode_tokens for t in tickets), "fleet: decode"
         queued = sum(t.uncached_tokens for t in tickets if not t.is_prefill_released)
         assert load.queued_prefill_tokens_ours == queued, "fleet: queued prefill"
-        if self.active_blocks is not None:
-            refs = sum(self.active_blocks.key_to_refs.values())
-            assert refs == sum(len(t.block_hashes) for t in tickets), "fleet: active blocks"
+        union = {k for t in tickets for k in t.block_hashes}
+        assert set(self.active_blocks.key_to_count) == union, "fleet: active blocks"

@@ -3,7 +3,7 @@
     ttft_s = overhead_s
            + queued_prefill_tokens_ahead / rate              (queue wait)
            + max(min_prefill_s, work_tokens / rate)          (this request's prefill)
-           + kv_full_wait_s * kv_shortage                    (admission wait for KV blocks)
+           + admission_wait_s                                (until KV blocks free up)
            + (evicted_hot_factor * evicted_hot_tokens        (recompute it causes later)
               + evicted_reuse_fraction * other evicted tokens) / rate
 
@@ -18,7 +18,15 @@ KV pressure is about the blocks this request must *add*: the engine admits it on
 its uncached tokens (and its decode) fit in the blocks not pinned by running requests
 and not claimed by prefills queued ahead. A cached prefix costs no new blocks, and while
 requests using it run its blocks are pinned, so a busy holder of a hot prefix is not
-penalised for being full of that very prefix. (An earlier version discounted predicted
+penalised for being full of that very prefix. When they do not fit, the request waits
+until enough running requests end, and memory comes back in lumps, a request at a time:
+with k requests running, each through about its lifetime L (first token to end, learned
+from the fleet's finishes, ``RequestLifetime``), the next ends about L / (k + 1) from
+now, so a request short of m requests' worth of blocks waits about m L / (k + 1). (A
+wait proportional to the shortage alone, as if memory trickled back, priced a replica
+holding three long requests of a 9k-token cache at a tenth of a second when the fourth
+would wait seconds: issue 14's gsp runs sent 4-6 requests to such replicas and their P99
+TTFT was four times round-robin's.) (An earlier version discounted predicted
 hits whenever KV usage was high; on the 40 GB 13B profile, where one long prefix fills a
 replica, that sent a third of the traffic away from its cached prefix and thrashed.)
 
@@ -82,7 +90,8 @@ class CostConfig:
     attention_tokens_per_pair: float = param(2.5e-5, ge=0)  # linear tokens per attention pair
     overhead_s: float = param(0.015, ge=0)  # per-request constant (HTTP, tokenizing, scheduling)
     min_prefill_s: float = param(0.005, ge=0)  # floor of a prefill: one forward pass
-    kv_full_wait_s: float = param(1.0, ge=0)  # admission wait when a cache's worth is missing
+    kv_full_wait_s: float = param(1.0, ge=0)  # request lifetime L before any was measured
+    lifetime_ewma_alpha: float = param(0.05, gt=0, le=1)  # weight of one finish in L
     evicted_reuse_fraction: float = param(0.2, ge=0)  # share of evicted tokens recomputed later
     # evicted hot tokens (reused recently on that backend) cost this x their prefill time
     evicted_hot_factor: float = param(2.0, ge=0)
@@ -113,21 +122,49 @@ def work_tokens(uncached_tokens: int, cached_tokens: int, config: CostConfig) ->
     return uncached + config.attention_tokens_per_pair * pairs
 
 
-def kv_shortage(need_tokens: float, free_tokens: float, capacity_tokens: float) -> float:
-    """Share of the cache (0..1) that a request's new KV lacks; 0 when it fits now."""
-    if capacity_tokens <= 0:
-        return 0.0
-    return min(1.0, max(0.0, need_tokens - free_tokens) / capacity_tokens)
-
-
 def kv_free_tokens(
-    capacity_tokens: float, kv_cache_usage: float | None, queued_prefill_tokens: int
+    capacity_tokens: float,
+    kv_cache_usage: float | None,
+    queued_prefill_tokens: int,
+    held_tokens: int = 0,
 ) -> float:
     """KV an engine could give a new request now: its capacity, less the part pinned by
     running requests (the engine's usage gauge; 0 until scraped), less the uncached
-    blocks the prefills queued ahead of it will claim."""
+    blocks the prefills queued ahead of it will claim; or less ``held_tokens`` (the KV of
+    the requests we sent it that are still in flight, their distinct prompt blocks and
+    their outputs: fresh where the gauge is a scrape old) if that is more."""
     pinned_tokens = (kv_cache_usage or 0.0) * capacity_tokens
-    return capacity_tokens - pinned_tokens - queued_prefill_tokens
+    return capacity_tokens - max(pinned_tokens + queued_prefill_tokens, held_tokens)
+
+
+def admission_wait_s(
+    need_tokens: float, free_tokens: float, capacity_tokens: float, running: int, lifetime_s: float
+) -> float:
+    """How long a request needing ``need_tokens`` of KV waits for ``running`` requests to
+    end and free theirs, each through about ``lifetime_s`` (module docstring)."""
+    if need_tokens <= free_tokens:
+        return 0.0
+    k = max(1, running)
+    per_request = max(1.0, (capacity_tokens - max(0.0, free_tokens)) / k)
+    missing = min(k, math.ceil((need_tokens - free_tokens) / per_request))
+    return lifetime_s * missing / (k + 1)
+
+
+class RequestLifetime:
+    """Mean time from a request's first token to its end (an EWMA over the fleet's
+    successful finishes): how long a running request keeps its KV blocks."""
+
+    __slots__ = ("alpha", "mean_s")
+
+    def __init__(self, alpha: float) -> None:
+        self.alpha = alpha
+        self.mean_s: float | None = None  # None until a request finished
+
+    def observe(self, seconds: float) -> None:
+        if not 0 <= seconds < math.inf:
+            return
+        mean = self.mean_s
+        self.mean_s = seconds if mean is None else mean + self.alpha * (seconds - mean)
 
 
 def evicted_blocks(held_blocks: int, capacity_blocks: int, new_blocks: int) -> int:
@@ -157,13 +194,17 @@ def estimate_ttft_s(
     decode_tokens: int = 0,
     evicted_tokens: float = 0.0,
     evicted_hot_tokens: float = 0.0,
+    running_requests: int = 0,
+    lifetime_s: float | None = None,
 ) -> float:
     """Estimated TTFT in seconds of a request on one backend (module docstring).
 
     ``kv_free_tokens``: KV the engine could give this request now (capacity minus blocks
     pinned by running requests minus prefills queued ahead); ``decode_tokens``: the KV its
     output will add; ``evicted_tokens``: cached tokens its new blocks push out, of which
-    ``evicted_hot_tokens`` (at most all) belong to the backend's working set.
+    ``evicted_hot_tokens`` (at most all) belong to the backend's working set;
+    ``running_requests``: requests in flight there; ``lifetime_s``: how long one keeps its
+    KV (``RequestLifetime``; ``kv_full_wait_s`` until measured).
     """
     num_prompt_tokens = clamp_count(num_prompt_tokens)
     cached = max(0, min(clamp_count(cached_tokens), num_prompt_tokens - 1))
@@ -175,12 +216,17 @@ def estimate_ttft_s(
     prefill_s = max(
         config.min_prefill_s, work_tokens(uncached, cached, config) / prefill_tokens_per_s
     )
-    shortage = kv_shortage(uncached + decode_tokens, kv_free_tokens, kv_capacity_tokens)
     recomputed = config.evicted_hot_factor * evicted_hot_tokens + config.evicted_reuse_fraction * (
         evicted_tokens - evicted_hot_tokens
     )
     eviction_s = recomputed / prefill_tokens_per_s
-    wait_s = config.kv_full_wait_s * shortage
+    wait_s = admission_wait_s(
+        uncached + decode_tokens,
+        kv_free_tokens,
+        kv_capacity_tokens,
+        running_requests,
+        config.kv_full_wait_s if lifetime_s is None else lifetime_s,
+    )
     return config.overhead_s + queue_wait_s + prefill_s + wait_s + eviction_s
 
 

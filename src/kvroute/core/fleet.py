@@ -35,13 +35,13 @@ from random import Random
 from kvroute.core.backend import Backend
 from kvroute.core.calibration import TextCalibration, key_block_tokens
 from kvroute.core.config import FleetConfig, KeyKind
-from kvroute.core.cost import PrefillRate
+from kvroute.core.cost import PrefillRate, RequestLifetime
 from kvroute.core.fleet_engines import EngineReportsMixin
 from kvroute.core.fleet_kv import KvEventsMixin
 from kvroute.core.index import LruCacheModel, PrefixIndex
 from kvroute.core.kv_sync import ExactSync
 from kvroute.core.listener import FleetListener
-from kvroute.core.load import MAX_COUNT, ActiveBlocks, Ticket, clamp_count
+from kvroute.core.load import MAX_COUNT, Ticket, clamp_count
 from kvroute.core.load_order import LoadOrder
 from kvroute.core.policy.base import Decision, Policy, RouteRequest, cached_tokens_for
 from kvroute.core.served_models import ServedModels
@@ -69,6 +69,8 @@ class Fleet(KvEventsMixin, EngineReportsMixin):
         self.config = config or FleetConfig()
         self.rng = rng if rng is not None else Random(0)
         self.index = PrefixIndex(self.config.max_index_entries)
+        # how long a running request keeps its KV: the admission wait's clock (cost.py)
+        self.lifetime = RequestLifetime(self.config.cost.lifetime_ewma_alpha)
         self._backends: dict[str, Backend] = {}
         self._order = LoadOrder()
         self._next_epoch = 0
@@ -100,8 +102,6 @@ class Fleet(KvEventsMixin, EngineReportsMixin):
             raise ValueError(f"weight must be > 0 and finite, got {weight}")
         self._next_epoch += 1
         b = Backend(url, self._next_epoch, models, float(weight), self.fleet_rate)
-        if self.policy.needs_active_blocks:
-            b.active_blocks = ActiveBlocks()
         b.healthy = healthy
         self._backends[url] = b
         self._served.count(b.models, 1)
@@ -217,6 +217,7 @@ class Fleet(KvEventsMixin, EngineReportsMixin):
             config=self.config,
             rng=self.rng,
             now=now,
+            lifetime_s=self.lifetime.mean_s,
         )
         if not self._order:
             return None
@@ -331,6 +332,8 @@ class Fleet(KvEventsMixin, EngineReportsMixin):
         ticket.ok = ok
         if not ok:
             self.sync.withdraw(ticket.ticket_id)  # the engine will not cache its blocks
+        if ok and ticket.first_token_at_s is not None:
+            self.lifetime.observe(now - ticket.first_token_at_s)
         b = self._live(ticket)
         if b is not None:
             b.release(ticket, ok)

@@ -59,36 +59,69 @@ class Ticket:
 
 
 class ActiveBlocks:
-    """The distinct blocks (by key) of one backend's in-flight requests, each with the
-    number of them holding it: a shared prefix counts once, as in the engine's memory
-    (the "active blocks" of NVIDIA Dynamo's router, which peer models read)."""
+    """The distinct blocks (by key) of one backend's in-flight requests: a shared prefix
+    counts once, as in the engine's memory while they run. The cost model reads it as the
+    KV our requests pin (core/cost.py), fresh where the engine's gauge is a scrape old;
+    it is also the "active blocks" of NVIDIA Dynamo's router, which its model reads.
 
-    __slots__ = ("key_to_refs",)
+    A request's keys are a chain (each key hashes its parent's), so the open requests'
+    keys form a trie, and a key is present only if its parent is. Each present key
+    counts the requests whose chain ends there plus its present children; a request
+    adds only the keys not yet present (found by binary search: the present ones are a
+    prefix of its chain) and, ending, removes keys from its end back while their count
+    falls to 0. So a request costs O(log n) plus the keys it adds or frees, not its whole
+    prompt: a hit on a running prefix touches a few blocks.
+    """
+
+    __slots__ = ("key_to_count",)
 
     def __init__(self) -> None:
-        self.key_to_refs: dict[int, int] = {}
+        self.key_to_count: dict[int, int] = {}  # key -> chains ending here + present children
 
     def __len__(self) -> int:
-        return len(self.key_to_refs)
+        return len(self.key_to_count)
+
+    def _present(self, keys: Sequence[int]) -> int:
+        """How many leading ``keys`` are present (they form a prefix of the chain)."""
+        counts, lo, hi = self.key_to_count, 0, len(keys)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if keys[mid] in counts:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
 
     def add(self, keys: Sequence[int]) -> None:
-        refs = self.key_to_refs
-        for k in keys:
-            refs[k] = refs.get(k, 0) + 1
+        if not keys:
+            return
+        counts = self.key_to_count
+        present = self._present(keys)
+        if present < len(keys):
+            if present:
+                counts[keys[present - 1]] += 1  # a new child
+            counts.update(dict.fromkeys(keys[present:-1], 1))  # one child each
+            counts[keys[-1]] = 0
+        counts[keys[-1]] += 1  # the chain ends here
 
     def remove(self, keys: Sequence[int]) -> None:
-        refs = self.key_to_refs
-        for k in keys:
-            n = refs[k] - 1
-            if n:
-                refs[k] = n
-            else:
-                del refs[k]
+        """Undo ``add(keys)`` (of a chain added before and not removed since)."""
+        if not keys:
+            return
+        counts = self.key_to_count
+        # the keys only this chain held: the run from its end back whose count is 1
+        # (no other chain ends there, one child); they go, and the key before loses a child
+        live = len(keys)
+        while live and counts[keys[live - 1]] == 1:
+            live -= 1
+        for key in keys[live:]:
+            del counts[key]
+        if live:
+            counts[keys[live - 1]] -= 1
 
     def num_new(self, keys: Sequence[int]) -> int:
-        """How many of ``keys`` no in-flight request holds."""
-        refs = self.key_to_refs
-        return sum(1 for k in keys if k not in refs)
+        """How many of ``keys`` (a chain) no in-flight request holds."""
+        return len(keys) - self._present(keys)
 
 
 class BackendLoad:
@@ -199,6 +232,6 @@ class BackendLoad:
         assert self.queued_prefill_tokens_ours >= 0, "load: queued prefill tokens < 0"
         assert self.decode_tokens >= 0, "load: decode tokens < 0"
         if self.in_flight_requests == 0:
-            assert self.queued_prefill_tokens_ours == 0 and self.decode_tokens == 0, (
+            assert self.queued_prefill_tokens_ours == 0 == self.decode_tokens, (
                 "load: tokens left with no request in flight"
             )

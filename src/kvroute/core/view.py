@@ -45,6 +45,7 @@ class RequestView:
         "_eligible",
         "_exclude",
         "_index",
+        "_lifetime_s",
         "_model",
         "_now",
         "_order",
@@ -71,6 +72,7 @@ class RequestView:
         config: FleetConfig,
         rng: Random,
         now: float,
+        lifetime_s: float | None = None,
     ) -> None:
         self._backends = backends
         self._order = order
@@ -86,6 +88,7 @@ class RequestView:
         self.cost: CostConfig = config.cost  # the cost model's knobs
         self.rng = rng  # the fleet's seeded generator
         self._now = now  # the routing call's time (session TTL)
+        self._lifetime_s = lifetime_s  # a running request's KV lifetime (cost.py), if known
 
     @property
     def excluded(self) -> frozenset[str]:
@@ -141,8 +144,6 @@ class RequestView:
 
     def active_blocks(self, url: str, block_hashes: Sequence[int] = ()) -> int:
         active = self._get(url).active_blocks
-        if active is None:
-            raise RuntimeError("FleetView.active_blocks needs a policy with needs_active_blocks")
         return len(active) + active.num_new(block_hashes)
 
     def cache_size(self, url: str) -> CacheSize:
@@ -211,6 +212,9 @@ class RequestView:
         evicted, hot, bs = self._evictions(b, url, request, cached_tokens)
         capacity_tokens = self._index.url_to_model[url].capacity_blocks * bs
         queued = b.load.queued_prefill_tokens
+        # what our requests in flight pin: their distinct blocks and the KV of their outputs
+        held = len(b.active_blocks) * bs + b.load.decode_tokens
+        kv_free = kv_free_tokens(capacity_tokens, b.kv_cache_usage, queued, held)
 
         def ttft_s(evicted_blocks: int, hot_blocks: int) -> float:
             return estimate_ttft_s(
@@ -219,11 +223,13 @@ class RequestView:
                 queued_prefill_tokens=queued,
                 prefill_tokens_per_s=b.rate.tokens_per_s,
                 config=self.cost,
-                kv_free_tokens=kv_free_tokens(capacity_tokens, b.kv_cache_usage, queued),
+                kv_free_tokens=kv_free,
                 kv_capacity_tokens=capacity_tokens,
                 decode_tokens=request.max_tokens,
                 evicted_tokens=evicted_blocks * bs,
                 evicted_hot_tokens=hot_blocks * bs,
+                running_requests=b.load.requests,
+                lifetime_s=self._lifetime_s,
             )
 
         own_s = ttft_s(0, 0)

@@ -208,9 +208,6 @@ class Policy(abc.ABC):
     # how often the router a model stands for reads the engines' /metrics, when that is
     # not kvroute's ``health.scrape_interval_s`` (the simulator scrapes at this interval)
     metrics_interval_s: ClassVar[float | None] = None
-    # whether it reads ``FleetView.active_blocks``: the Fleet counts the keys of every
-    # request in flight only then (a loop over the prompt's blocks at dispatch and end)
-    needs_active_blocks: ClassVar[bool] = False
 
     @classmethod
     def parse_params(cls, raw: Mapping[str, object] | None, path: str) -> Any:

@@ -154,7 +154,6 @@ class DynamoPolicy(Policy):
 
     name = "dynamo"
     Params = DynamoParams
-    needs_active_blocks = True
 
     def __init__(self, params: DynamoParams | None = None, *, rng: Random | None = None) -> None:
         self.p = params or DynamoParams()
