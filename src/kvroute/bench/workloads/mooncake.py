@@ -185,11 +185,12 @@ class MooncakeReplay(Workload):
         self.source = source
         stamps = [r.timestamp_ms for r in self.rows]
         self.bucket_ms = detect_bucket_ms(stamps) if p.spread_ms is None else p.spread_ms
-        # blocks kept: about 8M words in all (tiled traces interleave many working sets)
+        # blocks kept: about 16M words in all (the conversation trace has 94M in 183k
+        # blocks; tiled traces interleave many working sets)
         self._blocks = WordBlockCache(
             f"{self.seed}:mooncake:block:",
             self.block_tokens,
-            max_blocks=max(4096, (1 << 23) // self.block_tokens),
+            max_blocks=max(4096, (1 << 24) // self.block_tokens),
         )
 
     def prompt_for(self, row: TraceRow) -> str:

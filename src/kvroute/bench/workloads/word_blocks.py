@@ -46,16 +46,16 @@ class WordBlock:
 
     __slots__ = ("indices", "text")
 
-    def __init__(self, text: str, indices: np.ndarray) -> None:
+    def __init__(self, text: str, indices: bytes) -> None:
         self.text = text
-        self.indices = indices  # uint8, one per word
+        self.indices = indices  # one byte per word
 
     def head(self, num_words: int) -> str:
         """The text of the block's first ``num_words`` words."""
         if num_words >= len(self.indices):
             return self.text
-        chars = np.take(_SPACED_LENGTHS, self.indices[:num_words]).sum()
-        return self.text[: int(chars) - 1]
+        words = np.frombuffer(self.indices, np.uint8, num_words)
+        return self.text[: int(_SPACED_LENGTHS.take(words).sum()) - 1]
 
 
 _WORD_BYTES = [(" " + w).encode("ascii") for w in OUTPUT_WORDS]  # each word, then a space
@@ -72,13 +72,14 @@ _FIRST_IDS = [_TOKENIZER.encode(w)[0] for w in OUTPUT_WORDS]  # "word" -> its id
 def make_blocks(keys: Sequence[str], num_words: int) -> list[WordBlock]:
     """The block of each key: ``random.Random(key).choices(OUTPUT_WORDS, k=num_words)``."""
     indices = seeded_choice_indices(keys, len(OUTPUT_WORDS), num_words).astype(np.uint8)
-    letters = np.take(_TABLE, indices, axis=0).reshape(-1)  # take: faster than [indices]
+    letters = _TABLE.take(indices, axis=0).reshape(-1)  # take: faster than [indices]
     text = letters[letters != 0].tobytes().decode("ascii")
-    ends = np.cumsum(np.take(_SPACED_LENGTHS, indices).sum(axis=1)).tolist()
+    ends = np.cumsum(_SPACED_LENGTHS.take(indices).sum(axis=1)).tolist()
+    raw = indices.tobytes()
     blocks = []
     start = 0
-    for row, end in zip(indices, ends, strict=True):
-        blocks.append(WordBlock(text[start : end - 1], row))
+    for i, end in enumerate(ends):
+        blocks.append(WordBlock(text[start : end - 1], raw[i * num_words : (i + 1) * num_words]))
         start = end
     return blocks
 
@@ -88,8 +89,8 @@ def prompt_token_ids(blocks: Sequence[WordBlock], num_words: int) -> list[int]:
     first word without a leading space): ``Tokenizer.encode`` of that text."""
     if num_words < 1:
         return []
-    indices = np.concatenate([b.indices for b in blocks])[:num_words]
-    ids: list[int] = np.take(_SPACED_IDS, indices).tolist()
+    indices = np.frombuffer(b"".join(b.indices for b in blocks), np.uint8, num_words)
+    ids: list[int] = _SPACED_IDS.take(indices).tolist()
     ids[0] = _FIRST_IDS[indices[0]]
     return ids
 
