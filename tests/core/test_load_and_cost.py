@@ -140,14 +140,13 @@ def test_estimate_caps_the_hit_at_prompt_minus_one_and_adds_attention():
 
 def test_a_request_that_fits_pays_no_admission_wait_and_one_that_does_not_waits_lumps():
     cfg = CostConfig()
-    assert admission_wait_s(100, 500, 1000, running=3, lifetime_s=8.0) == 0.0
-    # 3 running requests pin 900 of 1,000 tokens: the next to end frees 300 in about
-    # L / 4; 350 missing tokens need two of them to end
-    assert admission_wait_s(250, 100, 1000, running=3, lifetime_s=8.0) == pytest.approx(2.0)
-    assert admission_wait_s(450, 100, 1000, running=3, lifetime_s=8.0) == pytest.approx(4.0)
-    assert admission_wait_s(5000, 100, 1000, running=3, lifetime_s=8.0) == pytest.approx(6.0)
+    ends = [1.0, 3.0, 5.0]  # three running requests pin 900 of 1,000 tokens, 300 each
+    assert admission_wait_s(100, 500, 1000, ends) == 0.0
+    assert admission_wait_s(250, 100, 1000, ends) == 1.0  # 150 missing: the first to end
+    assert admission_wait_s(450, 100, 1000, ends) == 3.0  # 350 missing: two must end
+    assert admission_wait_s(5000, 100, 1000, ends) == 5.0  # never fits: all of them
 
-    def estimate(cached: int, free: float, lifetime_s: float | None = None) -> float:
+    def estimate(cached: int, free: float, release_s: tuple[float, ...] = ()) -> float:
         return estimate_ttft_s(
             num_prompt_tokens=2000,
             cached_tokens=cached,
@@ -157,18 +156,15 @@ def test_a_request_that_fits_pays_no_admission_wait_and_one_that_does_not_waits_
             kv_free_tokens=free,
             kv_capacity_tokens=4000,
             decode_tokens=100,
-            running_requests=1,
-            lifetime_s=lifetime_s,
+            kv_release_s=release_s,
         )
 
     # A holder full of the very prefix it would serve pays no admission wait...
     assert estimate(cached=1984, free=500) == estimate(cached=1984, free=4000)
-    # ...while a cold request that does not fit waits for a running one to end: half its
-    # lifetime, the configured one until a lifetime was measured
-    no_room = estimate(cached=0, free=0) - estimate(cached=0, free=4000)
-    assert no_room == pytest.approx(cfg.kv_full_wait_s / 2)
-    measured = estimate(cached=0, free=0, lifetime_s=6.0) - estimate(cached=0, free=4000)
-    assert measured == pytest.approx(3.0)
+    # ...while a cold request that does not fit waits for a running one to end, or the
+    # configured wait when the caller knows of none
+    assert estimate(cached=0, free=0, release_s=(2.5,)) - estimate(0, 4000) == pytest.approx(2.5)
+    assert estimate(cached=0, free=0) - estimate(0, 4000) == pytest.approx(cfg.kv_full_wait_s)
 
 
 def test_the_request_lifetime_is_a_mean_of_finishes() -> None:

@@ -109,11 +109,12 @@ def test_full_kv_on_the_holder_pushes_long_recompute_elsewhere_only_when_worth_i
     lifetime_s, moves
 ):
     # 80-block caches; the holder's KV is pinned by running requests (usage 100 %) and a
-    # 1k-token prefill is queued on it, so the request waits there for a running request
-    # to end: about half a request's lifetime, with one running. Requests that keep their
-    # KV 2 s: a 1 s wait, against ~0.1 s to recompute the prefix elsewhere (charged twice,
-    # plus the margin): it moves. Requests of 50 ms: a 25 ms wait, not worth a duplicate
-    # of the prefix (before issue 10 it moved on any saving, here the queue ahead of it).
+    # 1k-token prefill is queued on it, so the request waits there for that request to
+    # run and end: a request's lifetime (the engine's other running requests are not
+    # ours: half a lifetime each). Requests that keep their KV 2 s: a wait of 1-2 s,
+    # against ~0.1 s to recompute the prefix elsewhere (charged twice, plus the margin):
+    # it moves. Requests of 50 ms: a wait of 25-50 ms, not worth a duplicate of the
+    # prefix (before issue 10 it moved on any saving, here the queue ahead of it).
     fleet = make_fleet(n=2, capacity=80)
     _, t = serve(fleet, req("short", chain((9, 1))))
     fleet.on_first_token(t, 0.0)

@@ -20,9 +20,11 @@ and not claimed by prefills queued ahead. A cached prefix costs no new blocks, a
 requests using it run its blocks are pinned, so a busy holder of a hot prefix is not
 penalised for being full of that very prefix. When they do not fit, the request waits
 until enough running requests end, and memory comes back in lumps, a request at a time:
-with k requests running, each through about its lifetime L (first token to end, learned
-from the fleet's finishes, ``RequestLifetime``), the next ends about L / (k + 1) from
-now, so a request short of m requests' worth of blocks waits about m L / (k + 1). (A
+a request short of m requests' worth of blocks waits until the m-th of the running ones
+ends. Each is expected to end a lifetime L after its first token (L learned from the
+fleet's finishes, ``RequestLifetime``), a queued one a lifetime from now, one already
+older than L within a quarter of L, one we did not send (the engine counts more than
+ours) within half of it (core/view.py gives these times). (A
 wait proportional to the shortage alone, as if memory trickled back, priced a replica
 holding three long requests of a 9k-token cache at a tenth of a second when the fourth
 would wait seconds: issue 14's gsp runs sent 4-6 requests to such replicas and their P99
@@ -60,6 +62,7 @@ costs a huge but finite time instead of an OverflowError.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -90,7 +93,7 @@ class CostConfig:
     attention_tokens_per_pair: float = param(2.5e-5, ge=0)  # linear tokens per attention pair
     overhead_s: float = param(0.015, ge=0)  # per-request constant (HTTP, tokenizing, scheduling)
     min_prefill_s: float = param(0.005, ge=0)  # floor of a prefill: one forward pass
-    kv_full_wait_s: float = param(1.0, ge=0)  # request lifetime L before any was measured
+    kv_full_wait_s: float = param(1.0, ge=0)  # request lifetime L before one was measured
     lifetime_ewma_alpha: float = param(0.05, gt=0, le=1)  # weight of one finish in L
     evicted_reuse_fraction: float = param(0.2, ge=0)  # share of evicted tokens recomputed later
     # evicted hot tokens (reused recently on that backend) cost this x their prefill time
@@ -138,16 +141,17 @@ def kv_free_tokens(
 
 
 def admission_wait_s(
-    need_tokens: float, free_tokens: float, capacity_tokens: float, running: int, lifetime_s: float
+    need_tokens: float, free_tokens: float, capacity_tokens: float, release_s: Sequence[float]
 ) -> float:
-    """How long a request needing ``need_tokens`` of KV waits for ``running`` requests to
-    end and free theirs, each through about ``lifetime_s`` (module docstring)."""
-    if need_tokens <= free_tokens:
+    """How long a request needing ``need_tokens`` of KV waits for running requests to end
+    and free theirs; ``release_s``: when each is expected to end, soonest first, each
+    freeing an equal share of what they pin (module docstring)."""
+    if need_tokens <= free_tokens or not release_s:
         return 0.0
-    k = max(1, running)
+    k = len(release_s)
     per_request = max(1.0, (capacity_tokens - max(0.0, free_tokens)) / k)
     missing = min(k, math.ceil((need_tokens - free_tokens) / per_request))
-    return lifetime_s * missing / (k + 1)
+    return release_s[missing - 1]
 
 
 class RequestLifetime:
@@ -194,8 +198,7 @@ def estimate_ttft_s(
     decode_tokens: int = 0,
     evicted_tokens: float = 0.0,
     evicted_hot_tokens: float = 0.0,
-    running_requests: int = 0,
-    lifetime_s: float | None = None,
+    kv_release_s: Sequence[float] = (),
 ) -> float:
     """Estimated TTFT in seconds of a request on one backend (module docstring).
 
@@ -203,8 +206,9 @@ def estimate_ttft_s(
     pinned by running requests minus prefills queued ahead); ``decode_tokens``: the KV its
     output will add; ``evicted_tokens``: cached tokens its new blocks push out, of which
     ``evicted_hot_tokens`` (at most all) belong to the backend's working set;
-    ``running_requests``: requests in flight there; ``lifetime_s``: how long one keeps its
-    KV (``RequestLifetime``; ``kv_full_wait_s`` until measured).
+    ``kv_release_s``: when the requests running there are expected to end, soonest first
+    (``admission_wait_s``; without them a request that does not fit waits
+    ``kv_full_wait_s``).
     """
     num_prompt_tokens = clamp_count(num_prompt_tokens)
     cached = max(0, min(clamp_count(cached_tokens), num_prompt_tokens - 1))
@@ -220,13 +224,13 @@ def estimate_ttft_s(
         evicted_tokens - evicted_hot_tokens
     )
     eviction_s = recomputed / prefill_tokens_per_s
-    wait_s = admission_wait_s(
-        uncached + decode_tokens,
-        kv_free_tokens,
-        kv_capacity_tokens,
-        running_requests,
-        config.kv_full_wait_s if lifetime_s is None else lifetime_s,
-    )
+    need = uncached + decode_tokens
+    if need <= kv_free_tokens:
+        wait_s = 0.0
+    elif kv_release_s:
+        wait_s = admission_wait_s(need, kv_free_tokens, kv_capacity_tokens, kv_release_s)
+    else:
+        wait_s = config.kv_full_wait_s
     return config.overhead_s + queue_wait_s + prefill_s + wait_s + eviction_s
 
 

@@ -30,6 +30,8 @@ from kvroute.core.policy.base import CacheSize, EngineGauges, LoadView, Placemen
 from kvroute.core.sessions import SessionTable, session_key
 from kvroute.core.turnover import CacheTurnover
 
+MAX_UNKNOWN_RUNNING = 4096  # engine-reported requests beyond ours counted in a KV wait
+
 
 class RequestView:
     """FleetView (core/policy/base.py) for one routing call: ``model`` and ``exclude``
@@ -207,6 +209,24 @@ class RequestView:
     def estimate_ttft_s(self, url: str, request: RouteRequest, cached_tokens: int) -> float:
         return self.placement(url, request, cached_tokens).ttft_s
 
+    def _kv_release_s(self, b: Backend) -> list[float]:
+        """When each request running on ``b`` is expected to end and free its KV, soonest
+        first (core/cost.py): a lifetime after its first token, at least a quarter of one
+        from now; a lifetime from now if still queued; half of one for each request the
+        engine runs that we did not send."""
+        life_s = self._lifetime_s if self._lifetime_s is not None else self.cost.kv_full_wait_s
+        now = self._now
+        out = [
+            life_s
+            if t.first_token_at_s is None
+            else max(life_s - (now - t.first_token_at_s), life_s / 4)
+            for t in b.open_tickets.values()
+        ]
+        unknown = min(b.load.requests - len(out), MAX_UNKNOWN_RUNNING)  # an absurd gauge: bounded
+        out += [life_s / 2] * max(0, unknown)
+        out.sort()
+        return out
+
     def placement(self, url: str, request: RouteRequest, cached_tokens: int) -> Placement:
         b = self._get(url)
         evicted, hot, bs = self._evictions(b, url, request, cached_tokens)
@@ -215,6 +235,8 @@ class RequestView:
         # what our requests in flight pin: their distinct blocks and the KV of their outputs
         held = len(b.active_blocks) * bs + b.load.decode_tokens
         kv_free = kv_free_tokens(capacity_tokens, b.kv_cache_usage, queued, held)
+        need = request.num_prompt_tokens - cached_tokens + request.max_tokens
+        release_s = self._kv_release_s(b) if need > kv_free else ()
 
         def ttft_s(evicted_blocks: int, hot_blocks: int) -> float:
             return estimate_ttft_s(
@@ -228,8 +250,7 @@ class RequestView:
                 decode_tokens=request.max_tokens,
                 evicted_tokens=evicted_blocks * bs,
                 evicted_hot_tokens=hot_blocks * bs,
-                running_requests=b.load.requests,
-                lifetime_s=self._lifetime_s,
+                kv_release_s=release_s,
             )
 
         own_s = ttft_s(0, 0)
