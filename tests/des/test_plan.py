@@ -69,7 +69,8 @@ def test_the_cli_plans_writes_json_and_says_what_is_missing(tmp_path, capsys) ->
     out = tmp_path / "plan"
     args = ["simulate", "--plan", "--workload", "gsp", "--num-requests", "40", "--quiet"]
     args += [f"--workload-arg={k}={v}" for k, v in SMALL["gsp"].items()]
-    args += ["--routers", "kvroute", "--max-backends", "4", "--out", str(out), "--no-plots"]
+    args += ["--routers", "kvroute", "--min-backends", "2", "--max-backends", "4"]
+    args += ["--out", str(out), "--no-plots"]
     assert main(args) == 2  # no SLO, no price
     assert "--slo-ttft-p99" in capsys.readouterr().err
     assert main([*args, "--slo-ttft-p99", "30", "--gpu-cost-per-hour", "1.5"]) == 0
@@ -88,3 +89,4 @@ def test_the_cli_plans_writes_json_and_says_what_is_missing(tmp_path, capsys) ->
         else:
             assert not met
     assert (out / "plan.txt").read_text().startswith("Smallest fleet")
+    assert all(p["replicas"] >= 2 for probes in data["probes"].values() for p in probes)

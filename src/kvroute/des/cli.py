@@ -129,6 +129,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--gpu-cost-per-hour", type=float, metavar="DOLLARS", help="price of one GPU-hour"
     )
     plan.add_argument(
+        "--min-backends", type=int, default=1, help="smallest fleet tried (default 1)"
+    )
+    plan.add_argument(
         "--max-backends", type=int, default=1024, help="largest fleet tried (default 1024)"
     )
     p.set_defaults(
@@ -204,8 +207,8 @@ def _plan_pricing(args: argparse.Namespace, gpus_per_replica: int) -> Pricing:
         raise ValueError("--plan needs --slo-ttft-p99 SECONDS and --gpu-cost-per-hour DOLLARS")
     if args.slo_ttft_p99 <= 0 or args.gpu_cost_per_hour < 0:
         raise ValueError("--slo-ttft-p99 must be > 0 and --gpu-cost-per-hour >= 0")
-    if args.max_backends < 1:
-        raise ValueError("--max-backends must be >= 1")
+    if not 1 <= args.min_backends <= args.max_backends:
+        raise ValueError("need 1 <= --min-backends <= --max-backends")
     return Pricing(args.gpu_cost_per_hour, gpus_per_replica)
 
 
@@ -240,7 +243,15 @@ def _run_plan(
                       f"-> {verdict}", flush=True)  # fmt: skip
             return p
 
-        plans.append(smallest_fleet(name, probe, args.slo_ttft_p99, max_replicas=args.max_backends))
+        plans.append(
+            smallest_fleet(
+                name,
+                probe,
+                args.slo_ttft_p99,
+                min_replicas=args.min_backends,
+                max_replicas=args.max_backends,
+            )
+        )
     rows = plan_rows(plans, pricing, BASELINE)
     text = format_plan(rows, args.slo_ttft_p99, pricing, args.max_backends)
     print(f"\n{text}")
@@ -256,6 +267,7 @@ def _run_plan(
         "gpus_per_replica": pricing.gpus_per_replica,
         "hours_per_month": HOURS_PER_MONTH,
         "baseline": BASELINE,
+        "min_replicas": args.min_backends,
         "max_replicas": args.max_backends,
     }
     data = plan_json(plans, rows, settings)
