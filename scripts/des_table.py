@@ -47,7 +47,9 @@ ROUTERS = (
 )
 
 
-def run_cell(workload: str, size: int, router: str, seed: int) -> dict[str, Any]:
+def run_cell(
+    workload: str, size: int, router: str, seed: int, duration_s: float | None = None
+) -> dict[str, Any]:
     name, overrides, load_overrides, (profile, base) = WORKLOADS[workload]
     if size % base:
         raise ValueError(f"{workload}: fleet size {size} is not a multiple of {base}")
@@ -56,6 +58,8 @@ def run_cell(workload: str, size: int, router: str, seed: int) -> dict[str, Any]
     w = make_workload(name, seed=seed, overrides={**overrides, "tile": str(copies)},
                       trace_path=trace)  # fmt: skip
     fields = dict(load_overrides)
+    if duration_s is not None and "duration_s" in fields:
+        fields["duration_s"] = duration_s
     if "rates" in fields:
         fields["rates"] = tuple(r * copies for r in fields["rates"])
     load = default_load(w, seed=seed, **fields)
@@ -113,6 +117,7 @@ def main() -> int:
     p.add_argument("--workloads", default=",".join(WORKLOADS))
     p.add_argument("--routers", default=ROUTERS)
     p.add_argument("--seeds", type=int, default=5)
+    p.add_argument("--duration", type=float, help="engine seconds of every duration-bound workload")
     p.add_argument("--out", default="runs/table")
     args = p.parse_args()
     routers = args.routers.split(",")
@@ -130,7 +135,7 @@ def main() -> int:
                     if (workload, size, router, seed) in done:
                         continue
                     t0 = time.perf_counter()
-                    cell = run_cell(workload, size, router, seed)
+                    cell = run_cell(workload, size, router, seed, args.duration)
                     cells.append(cell)
                     with log.open("a") as f:
                         f.write(json.dumps(cell) + "\n")
