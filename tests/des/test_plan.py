@@ -47,6 +47,9 @@ def test_failed_requests_miss_the_slo_even_with_a_low_p99() -> None:
     assert _probe(4, 0.1, failed=1).meets(1.0)
     assert not _probe(4, 0.1, failed=2).meets(1.0)  # over 1 % of the requests
     assert not Probe(4, None, None, 0.0, 0, 0).meets(1.0)
+    # requests no engine of this model takes (4xx) fail at any size: not the fleet's fault
+    assert Probe(4, 0.1, 0.5, 1.0, num_requests=100, num_failed=0, num_refused=40).meets(1.0)
+    assert not Probe(4, 0.1, 0.5, 1.0, num_requests=100, num_failed=1, num_refused=40).meets(1.0)
 
 
 def test_rows_price_gpus_a_month_and_the_saving_against_the_baseline() -> None:

@@ -61,6 +61,7 @@ from kvroute.des.plan import (
     plan_json,
     plan_rows,
     plot_plan,
+    refused,
     smallest_fleet,
 )
 from kvroute.des.report import format_ceilings, format_speed
@@ -235,12 +236,12 @@ def _run_plan(
             bench, _ = simulate_router(
                 spec, profile, n, build_workload(config), load, timing=timing, keep_itl=False
             )
-            p = Probe.from_result(n, bench.result)
+            p = Probe.from_result(n, bench.result, refused(bench.records))
             if not args.quiet:
                 p99 = "none" if p.p99_ttft_s is None else f"{p.p99_ttft_s:.2f} s"
                 verdict = "meets" if p.meets(args.slo_ttft_p99) else "misses"
-                print(f"  {name:<20} {n:>5} replicas: P99 TTFT {p99}, {p.num_failed} failed "
-                      f"-> {verdict}", flush=True)  # fmt: skip
+                print(f"  {name:<20} {n:>5} replicas: P99 TTFT {p99}, {p.num_failed} failed, "
+                      f"{p.num_refused} refused as too long -> {verdict}", flush=True)  # fmt: skip
             return p
 
         plans.append(

@@ -12,18 +12,21 @@ needing N replicas costs about 2 log2(N) runs. It assumes that more replicas nev
 the P99 for the same traffic, which holds for an open-loop rate (and for a closed loop's
 users, whose load only falls as the fleet grows). A fleet meets the objective when its
 P99 TTFT is within it and at most ``MAX_FAILED_SHARE`` of its requests failed (requests a
-fleet refuses or cuts never reach the TTFT figures, so they must not pass silently).
+fleet cuts or times out never reach the TTFT figures, so they must not pass silently).
+Requests the engines refuse as malformed for them (a 4xx: a prompt longer than the
+model's context) fail at every fleet size; they are reported, not counted against it.
 
 Pure of I/O: the probe (one simulator run) is a callable; the command line supplies it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvroute.bench.metrics import RequestRecord, measured
 from kvroute.des.report import text_table
 
 HOURS_PER_MONTH = 730.0  # 8,760 hours a year / 12, the cloud providers' month
@@ -38,18 +41,20 @@ class Probe:
     p99_ttft_s: float | None  # None: no request produced a first token
     hit_rate: float | None  # engine-measured prefix-cache hit rate
     throughput: float  # requests per second of engine time
-    num_requests: int
-    num_failed: int
+    num_requests: int  # measured requests, refused ones included
+    num_failed: int  # failed for the fleet's sake (refused ones excluded)
+    num_refused: int = 0  # refused by the engines as invalid for the model (4xx)
 
     def meets(self, slo_ttft_p99_s: float) -> bool:
         if self.p99_ttft_s is None or self.num_requests == 0:
             return False
-        failed_share = self.num_failed / self.num_requests
+        failed_share = self.num_failed / max(1, self.num_requests - self.num_refused)
         return self.p99_ttft_s <= slo_ttft_p99_s and failed_share <= MAX_FAILED_SHARE
 
     @classmethod
-    def from_result(cls, replicas: int, result: dict[str, Any]) -> Probe:
-        """From a ``compare.json``-style result of ``simulate_router``."""
+    def from_result(cls, replicas: int, result: dict[str, Any], num_refused: int = 0) -> Probe:
+        """From a ``compare.json``-style result of ``simulate_router``; ``num_refused`` of
+        its failures were 4xx refusals (``refused``)."""
         p99_ms = result.get("p99_ttft_ms")
         completed, failed = int(result.get("completed") or 0), int(result.get("failed") or 0)
         return cls(
@@ -58,8 +63,14 @@ class Probe:
             hit_rate=result.get("engine_prefix_hit_rate"),
             throughput=float(result.get("request_throughput") or 0.0),
             num_requests=completed + failed,
-            num_failed=failed,
+            num_failed=failed - num_refused,
+            num_refused=num_refused,
         )
+
+
+def refused(records: Iterable[RequestRecord]) -> int:
+    """Measured requests the engines refused as invalid for the model (HTTP 4xx)."""
+    return sum(1 for r in measured(records) if r.status is not None and 400 <= r.status < 500)
 
 
 @dataclass(slots=True)
@@ -136,6 +147,7 @@ def plan_rows(plans: Sequence[RouterPlan], pricing: Pricing, baseline: str) -> l
                 monthly_cost=cost,
                 saving_per_month=None if base_cost is None else base_cost - cost,
                 saving_share=None if not base_cost else (base_cost - cost) / base_cost,
+                refused=best.num_refused,
             )
         rows.append(row)
     return rows
@@ -166,7 +178,14 @@ def format_plan(rows: Sequence[dict[str, Any]], slo_s: float, pricing: Pricing, 
         f"${pricing.gpu_cost_per_hour:g} per GPU-hour, {pricing.gpus_per_replica} GPU(s) a "
         f"replica, {HOURS_PER_MONTH:g} hours a month:"
     )
-    return f"{title}\n{text_table(lines)}"
+    refused = max((r.get("refused", 0) for r in rows), default=0)
+    note = (
+        f"\n({refused} requests refused by the engines as too long for the model, at every "
+        "size: left out of the failure count)"
+        if refused
+        else ""
+    )
+    return f"{title}\n{text_table(lines)}{note}"
 
 
 def plan_json(
