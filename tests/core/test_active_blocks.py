@@ -74,3 +74,18 @@ def test_a_backend_whose_running_requests_fill_its_kv_makes_a_cold_one_wait() ->
     assert busy.ttft_estimate_s - idle.ttft_estimate_s >= 6.0
     free_choice = fleet.route(cold, 7.0)
     assert free_choice is not None and free_choice.backend == url(1)
+
+
+@given(prompts, st.integers(2, 5))
+def test_with_a_stride_it_counts_the_union_to_within_the_stride_per_chain(tokens, stride) -> None:
+    chains = [c for c in _chains(tokens) if c]
+    active = ActiveBlocks(stride)
+    for c in chains:
+        active.add(c)
+    union = {k for c in chains for k in c}
+    assert abs(active.num_blocks - len(union)) < stride * max(1, len(chains))
+    probe = chains[0] if chains else []
+    assert active.num_new(probe) == 0
+    for c in chains:
+        active.remove(c)
+    assert active.num_blocks == 0

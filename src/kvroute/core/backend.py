@@ -160,7 +160,13 @@ class Backend:
     )
 
     def __init__(
-        self, url: str, epoch: int, models: Iterable[str], weight: float, fleet_rate: PrefillRate
+        self,
+        url: str,
+        epoch: int,
+        models: Iterable[str],
+        weight: float,
+        fleet_rate: PrefillRate,
+        active_blocks_stride: int = 1,
     ) -> None:
         self.url = url
         self.epoch = epoch  # tells this membership's tickets from a removed namesake's
@@ -172,7 +178,8 @@ class Backend:
         self.num_gpu_blocks: int | None = None  # scraped; None: the default
         self.kv_cache_usage: float | None = None  # last scraped gauge, 0..1
         self.load = BackendLoad()
-        self.active_blocks = ActiveBlocks()  # the keys of its open tickets (shared once)
+        # the keys of its open tickets (shared once): the KV our requests pin (cost.py)
+        self.active_blocks = ActiveBlocks(active_blocks_stride)
         # the fleet's rate x weight x an offset learned from its own first tokens (cost.py)
         self.rate = PrefillRate(fleet_rate.config, reference=fleet_rate, scale=weight)
         self.open_tickets: dict[int, Ticket] = {}
@@ -373,5 +380,6 @@ class Backend:
         assert load.decode_tokens == sum(t.decode_tokens for t in tickets), "fleet: decode"
         queued = sum(t.uncached_tokens for t in tickets if not t.is_prefill_released)
         assert load.queued_prefill_tokens_ours == queued, "fleet: queued prefill"
-        union = {k for t in tickets for k in t.block_hashes}
+        stride = self.active_blocks.stride
+        union = {k for t in tickets for k in t.block_hashes[::stride]}
         assert set(self.active_blocks.key_to_count) == union, "fleet: active blocks"

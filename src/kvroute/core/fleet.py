@@ -101,7 +101,8 @@ class Fleet(KvEventsMixin, EngineReportsMixin):
         if not 0 < weight < math.inf:
             raise ValueError(f"weight must be > 0 and finite, got {weight}")
         self._next_epoch += 1
-        b = Backend(url, self._next_epoch, models, float(weight), self.fleet_rate)
+        stride = self.policy.active_blocks_stride
+        b = Backend(url, self._next_epoch, models, float(weight), self.fleet_rate, stride)
         b.healthy = healthy
         self._backends[url] = b
         self._served.count(b.models, 1)

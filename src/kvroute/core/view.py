@@ -146,7 +146,7 @@ class RequestView:
 
     def active_blocks(self, url: str, block_hashes: Sequence[int] = ()) -> int:
         active = self._get(url).active_blocks
-        return len(active) + active.num_new(block_hashes)
+        return active.num_blocks + active.num_new(block_hashes)
 
     def cache_size(self, url: str) -> CacheSize:
         model = self._index.url_to_model[url]
@@ -233,7 +233,7 @@ class RequestView:
         capacity_tokens = self._index.url_to_model[url].capacity_blocks * bs
         queued = b.load.queued_prefill_tokens
         # what our requests in flight pin: their distinct blocks and the KV of their outputs
-        held = len(b.active_blocks) * bs + b.load.decode_tokens
+        held = b.active_blocks.num_blocks * bs + b.load.decode_tokens
         kv_free = kv_free_tokens(capacity_tokens, b.kv_cache_usage, queued, held)
         need = request.num_prompt_tokens - cached_tokens + request.max_tokens
         release_s = self._kv_release_s(b) if need > kv_free else ()

@@ -208,6 +208,9 @@ class Policy(abc.ABC):
     # how often the router a model stands for reads the engines' /metrics, when that is
     # not kvroute's ``health.scrape_interval_s`` (the simulator scrapes at this interval)
     metrics_interval_s: ClassVar[float | None] = None
+    # how finely the Fleet counts the blocks of requests in flight (core/load.ActiveBlocks):
+    # every 8th block is plenty for the cost model; a model that reads them as counts, 1
+    active_blocks_stride: ClassVar[int] = 8
 
     @classmethod
     def parse_params(cls, raw: Mapping[str, object] | None, path: str) -> Any:

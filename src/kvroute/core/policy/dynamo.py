@@ -154,6 +154,7 @@ class DynamoPolicy(Policy):
 
     name = "dynamo"
     Params = DynamoParams
+    active_blocks_stride = 1  # Dynamo counts every active block
 
     def __init__(self, params: DynamoParams | None = None, *, rng: Random | None = None) -> None:
         self.p = params or DynamoParams()
