@@ -17,7 +17,7 @@ and adapter, and their keys must not match plain ones.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 
 import xxhash
 
@@ -64,3 +64,17 @@ def token_block_hashes(
         parent = digest(data[start : start + step], parent)
         hashes.append(parent)
     return hashes
+
+
+def leading_in(chain: Sequence[int], present: Container[int], lo: int = 0) -> int:
+    """End of the run of ``chain``'s keys (from ``lo``, known present) found in ``present``,
+    by binary search: a store of whole chains holds a key only with all its ancestors, so
+    the keys it holds form a prefix of the chain."""
+    hi = len(chain)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if chain[mid] in present:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo

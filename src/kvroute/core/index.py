@@ -26,6 +26,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import repeat
 from operator import or_
 
+from kvroute.common.hashing import leading_in
+
 
 class CacheModel(abc.ABC):
     """One backend's prefix cache as the router models it (blocks, not tokens).
@@ -231,15 +233,7 @@ class PrefixIndex:
 
     def _num_known(self, block_hashes: Sequence[int], lo: int) -> int:
         """Leading blocks of the chain held by any backend (>= lo); holdings nest."""
-        h2h = self.hash_to_holders
-        hi = len(block_hashes)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if block_hashes[mid] in h2h:
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
+        return leading_in(block_hashes, self.hash_to_holders, lo)
 
     def apply(
         self, url: str, added: Sequence[int], removed: Sequence[int], fresh: Sequence[int] = ()

@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kvroute.common.hashing import leading_in
+
 PRIOR_UNCACHED_TOKENS = 512.0  # mean uncached prompt tokens before any request was seen
 PRIOR_DECODE_TOKENS = 256.0  # mean decode tokens before any request was seen
 MEAN_ALPHA = 0.1  # EWMA weight of one request in the per-backend means
@@ -97,24 +99,13 @@ class ActiveBlocks:
         """Distinct blocks of the requests in flight (to within stride - 1 per request)."""
         return len(self.key_to_count) * self.stride
 
-    def _present(self, keys: Sequence[int]) -> int:
-        """How many leading ``keys`` are present (they form a prefix of the chain)."""
-        counts, lo, hi = self.key_to_count, 0, len(keys)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if keys[mid] in counts:
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
-
     def add(self, keys: Sequence[int]) -> None:
         if not keys:
             return
         if self.stride > 1:
             keys = keys[:: self.stride]
         counts = self.key_to_count
-        present = self._present(keys)
+        present = leading_in(keys, counts)
         if present < len(keys):
             if present:
                 counts[keys[present - 1]] += 1  # a new child
@@ -143,9 +134,9 @@ class ActiveBlocks:
         """How many blocks of ``keys`` (a chain) no in-flight request holds (to within
         stride - 1)."""
         if self.stride == 1:
-            return len(keys) - self._present(keys)
+            return len(keys) - leading_in(keys, self.key_to_count)
         kept = keys[:: self.stride]
-        return max(0, len(keys) - self._present(kept) * self.stride)
+        return max(0, len(keys) - leading_in(kept, self.key_to_count) * self.stride)
 
 
 class BackendLoad:
