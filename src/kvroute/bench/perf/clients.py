@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -32,9 +33,15 @@ SHORT_PROMPTS = [f"Conversation {k}: the quick brown fox jumps. " * 4 for k in r
 Bodies = list[tuple[str, bytes]]  # (path, JSON body) of each request, sent in turn
 
 
-def request_bodies(workload: str, model: str, count: int = 256) -> Bodies:
+# wrk replaces it in each request with the request's number (see WRK_SCRIPT)
+UNIQUE_MARK = "@@N@@"
+
+
+def request_bodies(workload: str, model: str, count: int = 256, unique: bool = False) -> Bodies:
     """``count`` requests of ``workload``, or 64 short completions ("short");
-    non-streaming, max_tokens 1."""
+    non-streaming, max_tokens 1. ``unique``: the last message (or the prompt) ends with
+    a number wrk makes different in every request, as a user's new turn would be, so
+    nothing after the shared prefix repeats (the Python clients send it as it is)."""
     if workload == "short":
         return [
             ("/v1/completions", json.dumps({"model": model, "prompt": p, "max_tokens": 1}).encode())
@@ -44,8 +51,22 @@ def request_bodies(workload: str, model: str, count: int = 256) -> Bodies:
     for spec in itertools.islice(make_workload(workload, seed=0).requests(), count):
         body = spec.body(model, stream=False)
         body["max_tokens"] = 1
+        if unique:
+            _mark_last_turn(body)
         out.append((PATHS[spec.endpoint], json.dumps(body).encode()))
     return out
+
+
+def _mark_last_turn(body: dict[str, Any]) -> None:
+    mark = f" (request {UNIQUE_MARK})"
+    if "prompt" in body:
+        body["prompt"] += mark
+        return
+    last = body["messages"][-1]
+    if isinstance(last["content"], str):
+        last["content"] += mark
+    else:
+        last["content"].append({"type": "text", "text": mark})
 
 
 # ---- a bare HTTP/1.1 client ----------------------------------------------------------
@@ -145,18 +166,27 @@ i = 0
 request = function()
   i = i + 1
   local k = (i %% #bodies) + 1
-  return wrk.format(nil, paths[k], nil, bodies[k])
+  return wrk.format(nil, paths[k], nil, (string.gsub(bodies[k], "@@N@@", tostring(i))))
 end
 done = function(summary, latency, requests)
-  io.write(string.format("KVROUTE %%d %%d %%f\\n", summary.requests,
+  io.write(string.format("KVROUTE %%d %%d %%f %%f\\n", summary.requests,
     summary.errors.status + summary.errors.connect + summary.errors.read
-    + summary.errors.write + summary.errors.timeout, latency:percentile(50) / 1000))
+    + summary.errors.write + summary.errors.timeout, latency:percentile(50) / 1000,
+    latency:percentile(99) / 1000))
 end
 """
 
 
-def wrk(url: str, connections: int, duration_s: float, bodies: Bodies) -> tuple[float, float, int]:
-    """(req/s, p50 ms, answered) from ``wrk -t1`` cycling through ``bodies``."""
+@dataclass(frozen=True)
+class WrkResult:
+    rps: float  # answered requests per second
+    p50_ms: float
+    p99_ms: float
+    answered: int
+
+
+def wrk(url: str, connections: int, duration_s: float, bodies: Bodies) -> WrkResult:
+    """``wrk -t1`` cycling through ``bodies``: throughput and latency of the answered."""
     paths = ",".join(f'"{path}"' for path, _ in bodies)
     texts = ",".join(_lua_long_string(body.decode()) for _, body in bodies)
     with tempfile.NamedTemporaryFile("w", suffix=".lua") as script:
@@ -164,11 +194,13 @@ def wrk(url: str, connections: int, duration_s: float, bodies: Bodies) -> tuple[
         script.flush()
         cmd = ["wrk", "-t1", f"-c{connections}", f"-d{duration_s:g}s", "-s", script.name, url]
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    total, errors, p50 = re.search(r"KVROUTE (\d+) (\d+) ([\d.]+)", out).groups()  # type: ignore[union-attr]
+    found = re.search(r"KVROUTE (\d+) (\d+) ([\d.]+) ([\d.]+)", out)
+    assert found is not None, out
+    total, errors, p50, p99 = found.groups()
     ok = int(total) - int(errors)
     if int(errors):
         print(f"  ({errors} failed requests through {url})", file=sys.stderr)
-    return ok / duration_s, float(p50), ok
+    return WrkResult(ok / duration_s, float(p50), float(p99), ok)
 
 
 def _lua_long_string(text: str) -> str:
@@ -193,7 +225,8 @@ def measure_throughput(
     asyncio.run(raw_client(url, 8, 1.0, 99, bodies))  # warm-up: pools, first-use imports
     cpu0 = cpu_seconds(router_pid, children=True)
     if client == "wrk":
-        rps, p50, count = wrk(url, connections, duration_s, bodies)
+        got = wrk(url, connections, duration_s, bodies)
+        rps, p50, count = got.rps, got.p50_ms, got.answered
     else:
         rps, p50, count = python_clients(url, processes, connections, duration_s, bodies)
     cpu1 = cpu_seconds(router_pid, children=True)
