@@ -22,7 +22,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 VOCAB_SIZE = 4096
-SPECIAL_TOKENS = ("<s>", "</s>", "<unk>")
+# The template's role markers are special tokens, as in real chat models (Llama-3's
+# headers, ChatML's <|im_start|>): one id each, and the points where a tokenizer splits a
+# chat before merging, which the router's tokenized-segment cache relies on.
+ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>", "<|tool|>")
+SPECIAL_TOKENS = ("<s>", "</s>", "<unk>", *ROLE_TOKENS)
 
 # Same text as kvroute.common.chat.render_chat for string contents and no tools.
 CHAT_TEMPLATE = (

@@ -11,12 +11,24 @@ Encoding goes through ``encode_batch``, which releases the GIL (``encode`` holds
 the proxy can tokenize a long prompt in a thread while its event loop keeps serving:
 about 6 ms for 4,400 tokens with a small BPE here, long enough to stall every other
 request of the worker.
+
+Most of that work repeats: a system prompt, tool definitions, a document or the earlier
+turns of a conversation come back with every request, byte for byte. A tokenizer never
+merges across an added token (it splits the text at them before anything else), so
+the text between two of them (a *segment*: in a chat, usually one message) always
+encodes to the same ids. ``SegmentCache`` keeps those ids, keyed by the segment with
+the added tokens on either side (which may strip whitespace next to them, or tell a
+pre-tokenizer it is not at the start), bounded in bytes; a request encodes only the
+segments it has not seen, in one batch.
 """
 
 from __future__ import annotations
 
 import json
 import pathlib
+import re
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,8 +48,15 @@ class HfPromptTokenizer:
 
     off_loop = True
 
-    def __init__(self, tokenizer: Any, chat_template: str | None, special: dict[str, str]):
+    def __init__(
+        self,
+        tokenizer: Any,
+        chat_template: str | None,
+        special: dict[str, str],
+        cache_bytes: int = 64 << 20,
+    ):
         self._tokenizer = tokenizer
+        self._segments = SegmentCache(tokenizer, cache_bytes)
         self._template: Any = None
         self._special = special  # bos_token, eos_token, ... for the template
         if chat_template is not None:
@@ -68,8 +87,118 @@ class HfPromptTokenizer:
         return self._encode(text, add_special_tokens=False)
 
     def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
-        batch = self._tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)
-        return list(batch[0].ids)
+        return self._segments.encode(text, add_special_tokens)
+
+
+Segment = tuple[str, str, str]  # (added token before or "", text, added token after or "")
+
+
+class SegmentCache:
+    """``encode(text)``, equal to the tokenizer's, remembering the ids of each segment.
+
+    Bounded: at most ``max_bytes`` of cached segment text plus their ids (8 bytes an
+    id), least recently used first out; a segment bigger than a quarter of that is
+    encoded but not kept. Thread-safe (the proxy tokenizes in threads).
+    """
+
+    def __init__(self, tokenizer: Any, max_bytes: int):
+        self._tokenizer = tokenizer
+        added = tokenizer.get_added_tokens_decoder().values()
+        # the tokens the tokenizer matches on the raw text, anywhere (not after
+        # normalising, not only as whole words); longest first, as it matches them
+        raw = [t.content for t in added if t.content and not t.normalized and not t.single_word]
+        raw.sort(key=len, reverse=True)
+        self._split = re.compile("(" + "|".join(map(re.escape, raw)) + ")") if raw else None
+        self._ids = {t: tokenizer.token_to_id(t) for t in raw}
+        self._affixes = _post_processor_affixes(tokenizer)
+        self._cache: OrderedDict[Segment, list[int]] = OrderedDict()
+        self._lock = threading.Lock()
+        self.max_bytes = max_bytes
+        self.num_bytes = 0
+        self.hits = self.misses = 0
+
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        if add_special_tokens and self._affixes is None:  # a post-processor we cannot mimic
+            return list(self._tokenizer.encode(text, add_special_tokens=True).ids)
+        parts = self._split.split(text) if self._split is not None else [text]
+        # parts alternate: text, added token, text, ..., text
+        segments: list[Segment] = []
+        for k in range(0, len(parts), 2):
+            if parts[k]:
+                before = parts[k - 1] if k else ""
+                after = parts[k + 1] if k + 1 < len(parts) else ""
+                segments.append((before, parts[k], after))
+        found = self._lookup(segments)
+        ids: list[int] = []
+        if add_special_tokens:
+            ids += self._affixes[0]  # type: ignore[index]
+        found_at = iter(found)
+        for k in range(len(parts)):
+            if k % 2:
+                ids.append(self._ids[parts[k]])
+            elif parts[k]:
+                ids += next(found_at)
+        if add_special_tokens:
+            ids += self._affixes[1]  # type: ignore[index]
+        return ids
+
+    def _lookup(self, segments: list[Segment]) -> list[list[int]]:
+        with self._lock:
+            found = [self._cache.get(seg) for seg in segments]
+            for seg, ids in zip(segments, found, strict=True):
+                if ids is not None:
+                    self._cache.move_to_end(seg)
+        missing = [seg for seg, ids in zip(segments, found, strict=True) if ids is None]
+        if not missing:
+            with self._lock:
+                self.hits += len(segments)
+            return found  # type: ignore[return-value]
+        # with its neighbours, so the tokenizer sees the segment as it sits in the text
+        texts = [b + t + a for b, t, a in missing]
+        encoded = self._tokenizer.encode_batch(texts, add_special_tokens=False)
+        fresh = {}
+        for (b, t, a), enc in zip(missing, encoded, strict=True):
+            ids = list(enc.ids)
+            fresh[(b, t, a)] = ids[1 if b else 0 : len(ids) - 1 if a else len(ids)]
+        with self._lock:
+            self.hits += len(segments) - len(missing)
+            self.misses += len(missing)
+            for seg, ids in fresh.items():
+                self._keep(seg, ids)
+        return [
+            ids if ids is not None else fresh[seg] for seg, ids in zip(segments, found, strict=True)
+        ]
+
+    def _keep(self, seg: Segment, ids: list[int]) -> None:
+        size = sum(map(len, seg)) + 8 * len(ids)
+        if seg in self._cache or size > self.max_bytes // 4:
+            return
+        self._cache[seg] = ids
+        self.num_bytes += size
+        while self.num_bytes > self.max_bytes:
+            old, old_ids = self._cache.popitem(last=False)
+            self.num_bytes -= sum(map(len, old)) + 8 * len(old_ids)
+
+
+def _post_processor_affixes(tokenizer: Any) -> tuple[list[int], list[int]] | None:
+    """The ids the post-processor puts before and after a single text (BOS, EOS), or
+    None when it does more than wrap the text (then completions encode whole)."""
+    probes = ["x", "hello world", "a\nb"]
+    affixes = set()
+    for probe in probes:
+        bare = tokenizer.encode(probe, add_special_tokens=False).ids
+        full = tokenizer.encode(probe, add_special_tokens=True).ids
+        cut = len(full) - len(bare)
+        for k in range(cut + 1):
+            if cut >= 0 and full[k : k + len(bare)] == bare:
+                affixes.add((tuple(full[:k]), tuple(full[k + len(bare) :])))
+                break
+        else:
+            return None
+    if len(affixes) != 1:
+        return None
+    head, tail = affixes.pop()
+    return list(head), list(tail)
 
 
 def load_tokenizer(path: str | pathlib.Path) -> HfPromptTokenizer:
