@@ -16,6 +16,7 @@ and adapter, and their keys must not match plain ones.
 
 from __future__ import annotations
 
+import contextlib
 from array import array
 from collections.abc import Container, Sequence
 
@@ -41,12 +42,7 @@ def text_block_hashes(text: str, block_chars: int, parent: int = ROOT_SEED) -> l
 
 def byte_block_hashes(data: bytes, block_chars: int, parent: int = ROOT_SEED) -> list[int]:
     """Chained keys of the full ``block_chars``-byte blocks of ``data``."""
-    hashes = []
-    digest = xxhash.xxh3_64_intdigest
-    for start in range(0, len(data) - block_chars + 1, block_chars):
-        parent = digest(data[start : start + block_chars], parent)
-        hashes.append(parent)
-    return hashes
+    return _RUNS.chain(data, block_chars, parent)
 
 
 def token_block_hashes(
@@ -57,13 +53,60 @@ def token_block_hashes(
         data = array("Q", token_ids).tobytes()  # ids in [0, 2**64): no per-id work
     except (OverflowError, TypeError):
         data = array("Q", [t & _MASK64 for t in token_ids]).tobytes()
-    step = block_size * 8
+    return _RUNS.chain(data, block_size * 8, parent)
+
+
+def _chain(data: bytes, step: int, parent: int) -> list[int]:
+    """The keys of ``data``'s full ``step``-byte blocks, one xxh3 call each."""
     hashes = []
     digest = xxhash.xxh3_64_intdigest
     for start in range(0, len(data) - step + 1, step):
         parent = digest(data[start : start + step], parent)
         hashes.append(parent)
     return hashes
+
+
+class RunCache:
+    """``_chain`` a run of ``run_blocks`` blocks at a time, remembering each run's keys.
+
+    Most of a long prompt repeats (a system prompt, a document, earlier turns), so most
+    of its keys were computed before. A run is looked up by its parent key and a 128-bit
+    hash of its bytes (one fast pass over them instead of a call per block); runs start
+    at the prompt's beginning, so a shared prefix hits on every whole run inside it, and
+    the blocks after the last whole run are chained directly. The keys are exactly
+    ``_chain``'s. Bounded: at most ``max_runs`` runs, the oldest dropped first; safe to
+    share between threads (each dict operation is atomic).
+    """
+
+    def __init__(self, run_blocks: int = 16, max_runs: int = 1 << 15) -> None:
+        self.run_blocks = run_blocks
+        self.max_runs = max_runs
+        self._runs: dict[tuple[int, int, int], list[int]] = {}
+
+    def chain(self, data: bytes, step: int, parent: int) -> list[int]:
+        run = step * self.run_blocks
+        if len(data) < 2 * run:  # short: chaining directly is as fast
+            return _chain(data, step, parent)
+        runs, whole = self._runs, xxhash.xxh3_128_intdigest
+        out: list[int] = []
+        end = len(data) - len(data) % run
+        for start in range(0, end, run):
+            part = data[start : start + run]
+            key = (parent, step, whole(part))
+            keys = runs.get(key)
+            if keys is None:
+                keys = _chain(part, step, parent)
+                if len(runs) >= self.max_runs:
+                    with contextlib.suppress(KeyError, RuntimeError, StopIteration):
+                        del runs[next(iter(runs))]  # the oldest (another thread may race)
+                runs[key] = keys
+            out += keys
+            parent = keys[-1]
+        out += _chain(data[end:], step, parent)
+        return out
+
+
+_RUNS = RunCache()
 
 
 def leading_in(chain: Sequence[int], present: Container[int], lo: int = 0) -> int:
