@@ -64,10 +64,10 @@ def test_hf_completion_adds_bos_and_chat_renders_the_template(model_dir):
 
     path, tok = model_dir
     hf = load_tokenizer(path)
-    ids = hf.token_ids({"prompt": "the lazy fox"}, chat=False)
+    ids = list(hf.token_ids({"prompt": "the lazy fox"}, chat=False))
     assert ids[0] == tok.token_to_id("<s>") and ids == tok.encode("the lazy fox").ids
-    assert hf.token_ids({"prompt": [1, 2, 3]}, chat=False) == [1, 2, 3]
-    chat = hf.token_ids({"messages": [{"role": "user", "content": "the dog"}]}, chat=True)
+    assert list(hf.token_ids({"prompt": [1, 2, 3]}, chat=False)) == [1, 2, 3]
+    chat = list(hf.token_ids({"messages": [{"role": "user", "content": "the dog"}]}, chat=True))
     text = "<s><|user|>the dog</s><|assistant|>"
     assert chat == tok.encode(text, add_special_tokens=False).ids
     with pytest.raises(PromptError):

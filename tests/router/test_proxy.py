@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from typing import Any
 
@@ -143,9 +144,21 @@ class _RecordingTokenizer:
     def __init__(self) -> None:
         self.threads: list[str] = []
 
+    def start(self, body: dict[str, Any], chat: bool) -> _Recorded:
+        return _Recorded(self, len(body["prompt"]))  # all new: nothing cached
+
     def token_ids(self, body: dict[str, Any], chat: bool) -> list[int]:
-        self.threads.append(threading.current_thread().name)
-        return [7] * (len(body["prompt"]) // 4)
+        return self.start(body, chat).finish()
+
+
+@dataclasses.dataclass
+class _Recorded:
+    tokenizer: _RecordingTokenizer
+    new_chars: int
+
+    def finish(self) -> list[int]:
+        self.tokenizer.threads.append(threading.current_thread().name)
+        return [7] * (self.new_chars // 4)
 
 
 async def test_a_real_tokenizer_runs_off_the_event_loop_for_long_prompts(

@@ -28,11 +28,14 @@ import json
 import pathlib
 import re
 import threading
+from array import array
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from kvroute.core.keys import PromptError, prompt_of
+from kvroute.core.token_keys import ReadyIds
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,27 +70,28 @@ class HfPromptTokenizer:
             env.filters["tojson"] = lambda v, indent=None: json.dumps(v, indent=indent)
             self._template = env.from_string(chat_template)
 
-    def token_ids(self, body: dict[str, Any], chat: bool) -> list[int]:
+    def start(self, body: dict[str, Any], chat: bool) -> PendingIds | ReadyIds:
         if chat:
-            return self._chat_ids(body)
+            return self._segments.start(self._render(body), add_special_tokens=False)
         prompt = prompt_of(body, chat=False)
         if prompt.token_ids is not None:
-            return list(prompt.token_ids)
-        return self._encode(prompt.text, add_special_tokens=True)
+            return ReadyIds(prompt.token_ids)
+        assert prompt.text is not None, "Prompt holds text or token ids"
+        return self._segments.start(prompt.text, add_special_tokens=True)
 
-    def _chat_ids(self, body: dict[str, Any]) -> list[int]:
+    def token_ids(self, body: dict[str, Any], chat: bool) -> Sequence[int]:
+        return self.start(body, chat).finish()
+
+    def _render(self, body: dict[str, Any]) -> str:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise PromptError("'messages' must be a non-empty list")
         if self._template is None:
             raise PromptError("this model has no chat template")
-        text = self._template.render(
+        text: str = self._template.render(
             messages=messages, tools=body.get("tools"), add_generation_prompt=True, **self._special
         )
-        return self._encode(text, add_special_tokens=False)
-
-    def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
-        return self._segments.encode(text, add_special_tokens)
+        return text
 
 
 Segment = tuple[str, str, str]  # (added token before or "", text, added token after or "")
@@ -96,9 +100,12 @@ Segment = tuple[str, str, str]  # (added token before or "", text, added token a
 class SegmentCache:
     """``encode(text)``, equal to the tokenizer's, remembering the ids of each segment.
 
-    Bounded: at most ``max_bytes`` of cached segment text plus their ids (8 bytes an
-    id), least recently used first out; a segment bigger than a quarter of that is
-    encoded but not kept. Thread-safe (the proxy tokenizes in threads).
+    In two steps, so a caller can put only the second in a thread: ``start`` splits the
+    text and looks its segments up (``PendingIds.new_chars``: the text left to encode),
+    ``PendingIds.finish`` encodes those in one batch and joins the ids. Bounded: at most
+    ``max_bytes`` of cached segment text plus their ids (8 bytes an id), least recently
+    used first out; a segment bigger than a quarter of that is encoded but not kept.
+    Thread-safe (the proxy tokenizes in threads).
     """
 
     def __init__(self, tokenizer: Any, max_bytes: int):
@@ -111,15 +118,18 @@ class SegmentCache:
         self._split = re.compile("(" + "|".join(map(re.escape, raw)) + ")") if raw else None
         self._ids = {t: tokenizer.token_to_id(t) for t in raw}
         self._affixes = _post_processor_affixes(tokenizer)
-        self._cache: OrderedDict[Segment, list[int]] = OrderedDict()
+        self._cache: OrderedDict[Segment, array[int]] = OrderedDict()
         self._lock = threading.Lock()
         self.max_bytes = max_bytes
         self.num_bytes = 0
         self.hits = self.misses = 0
 
-    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool) -> Sequence[int]:
+        return self.start(text, add_special_tokens).finish()
+
+    def start(self, text: str, add_special_tokens: bool) -> PendingIds:
         if add_special_tokens and self._affixes is None:  # a post-processor we cannot mimic
-            return list(self._tokenizer.encode(text, add_special_tokens=True).ids)
+            return PendingIds(self, [text], [None], [("", text, "")], True, len(text))
         parts = self._split.split(text) if self._split is not None else [text]
         # parts alternate: text, added token, text, ..., text
         segments: list[Segment] = []
@@ -128,48 +138,48 @@ class SegmentCache:
                 before = parts[k - 1] if k else ""
                 after = parts[k + 1] if k + 1 < len(parts) else ""
                 segments.append((before, parts[k], after))
-        found = self._lookup(segments)
-        ids: list[int] = []
-        if add_special_tokens:
-            ids += self._affixes[0]  # type: ignore[index]
-        found_at = iter(found)
-        for k in range(len(parts)):
-            if k % 2:
-                ids.append(self._ids[parts[k]])
-            elif parts[k]:
-                ids += next(found_at)
-        if add_special_tokens:
-            ids += self._affixes[1]  # type: ignore[index]
-        return ids
-
-    def _lookup(self, segments: list[Segment]) -> list[list[int]]:
         with self._lock:
             found = [self._cache.get(seg) for seg in segments]
             for seg, ids in zip(segments, found, strict=True):
                 if ids is not None:
                     self._cache.move_to_end(seg)
+            self.hits += len(segments)
         missing = [seg for seg, ids in zip(segments, found, strict=True) if ids is None]
-        if not missing:
-            with self._lock:
-                self.hits += len(segments)
-            return found  # type: ignore[return-value]
+        new_chars = sum(len(t) for _, t, _ in missing)
+        return PendingIds(self, parts, found, missing, add_special_tokens, new_chars)
+
+    def _encode_missing(self, missing: list[Segment]) -> dict[Segment, array[int]]:
         # with its neighbours, so the tokenizer sees the segment as it sits in the text
         texts = [b + t + a for b, t, a in missing]
         encoded = self._tokenizer.encode_batch(texts, add_special_tokens=False)
         fresh = {}
         for (b, t, a), enc in zip(missing, encoded, strict=True):
-            ids = list(enc.ids)
-            fresh[(b, t, a)] = ids[1 if b else 0 : len(ids) - 1 if a else len(ids)]
+            ids = enc.ids
+            fresh[(b, t, a)] = array("Q", ids[1 if b else 0 : len(ids) - 1 if a else len(ids)])
         with self._lock:
-            self.hits += len(segments) - len(missing)
-            self.misses += len(missing)
-            for seg, ids in fresh.items():
-                self._keep(seg, ids)
-        return [
-            ids if ids is not None else fresh[seg] for seg, ids in zip(segments, found, strict=True)
-        ]
+            self.hits -= len(fresh)
+            self.misses += len(fresh)
+            for seg, seg_ids in fresh.items():
+                self._keep(seg, seg_ids)
+        return fresh
 
-    def _keep(self, seg: Segment, ids: list[int]) -> None:
+    def _join(
+        self, parts: list[str], found: list[array[int] | None], add_special_tokens: bool
+    ) -> array[int]:
+        ids = array("Q")
+        if add_special_tokens:
+            ids.extend(self._affixes[0])  # type: ignore[index]
+        found_at = iter(found)
+        for k in range(len(parts)):
+            if k % 2:
+                ids.append(self._ids[parts[k]])
+            elif parts[k]:
+                ids.extend(next(found_at))  # type: ignore[arg-type]
+        if add_special_tokens:
+            ids.extend(self._affixes[1])  # type: ignore[index]
+        return ids
+
+    def _keep(self, seg: Segment, ids: array[int]) -> None:
         size = sum(map(len, seg)) + 8 * len(ids)
         if seg in self._cache or size > self.max_bytes // 4:
             return
@@ -178,6 +188,29 @@ class SegmentCache:
         while self.num_bytes > self.max_bytes:
             old, old_ids = self._cache.popitem(last=False)
             self.num_bytes -= sum(map(len, old)) + 8 * len(old_ids)
+
+
+@dataclass(slots=True)
+class PendingIds:
+    """A text split and looked up (``SegmentCache.start``); ``finish`` gives its ids."""
+
+    cache: SegmentCache
+    parts: list[str]
+    found: list[array[int] | None]
+    missing: list[Segment]
+    add_special_tokens: bool
+    new_chars: int  # characters still to encode
+
+    def finish(self) -> Sequence[int]:
+        cache = self.cache
+        if self.add_special_tokens and cache._affixes is None:
+            encoding = cache._tokenizer.encode(self.parts[0], add_special_tokens=True)
+            return array("Q", encoding.ids)
+        if self.missing:
+            fresh = cache._encode_missing(self.missing)
+            segments = iter(self.missing)
+            self.found = [ids if ids is not None else fresh[next(segments)] for ids in self.found]
+        return cache._join(self.parts, self.found, self.add_special_tokens)
 
 
 def _post_processor_affixes(tokenizer: Any) -> tuple[list[int], list[int]] | None:

@@ -24,7 +24,12 @@ from aiohttp import web
 from kvroute.common.hashing import chain_seed
 from kvroute.core.keys import Prompt, PromptError, prompt_block_hashes, salt_of, text_route_keys
 from kvroute.core.policy.base import RouteRequest
-from kvroute.core.token_keys import PromptTokenizer, exact_route_keys, prompt_token_ids
+from kvroute.core.token_keys import (
+    PendingIds,
+    PromptTokenizer,
+    exact_route_keys,
+    prompt_token_ids,
+)
 from kvroute.router.clients import client_address
 from kvroute.router.config import SessionConfig
 from kvroute.router.errors import BadRequest, ModelNotFound
@@ -33,8 +38,8 @@ from kvroute.router.state import BUILTIN_TOKENIZER, NOTE, RouterState
 
 # the request path's logger (the proxy logs under it too)
 log = logging.getLogger("kvroute.router.requests")
-# below this body size a thread hop (~50-100 us) costs more than tokenizing in place
-OFF_LOOP_MIN_BYTES = 8_192
+# below this much new text a thread hop (~50-100 us) costs more than tokenizing in place
+OFF_LOOP_MIN_CHARS = 8_192
 # a body this big is parsed and keyed in a thread (built-in tokenizer or text keys), so
 # the loop keeps answering meanwhile (a 4 MiB prompt: ~0.5 s of tokenizing). Pure Python
 # holds the GIL, but the loop gets it back every 5 ms (sys.getswitchinterval; the
@@ -127,9 +132,9 @@ async def _route_keys(
 ) -> tuple[list[int], int, int | None]:
     """(block keys, prompt tokens, text bytes): the engine's token ids while the model is
     routed on KV events (exact keys), else text keys and a token estimate from the text's
-    UTF-8 bytes (learned per model: Fleet.prompt_tokens_estimate). Long bodies are keyed
-    in a thread: a real model's tokenizer above OFF_LOOP_MIN_BYTES (Rust that releases
-    the GIL), the built-in one and text keys above OFF_LOOP_KEYS_BYTES."""
+    UTF-8 bytes (learned per model: Fleet.prompt_tokens_estimate). Long work runs in a
+    thread: a real model's tokenizer when OFF_LOOP_MIN_CHARS of text are new to its
+    segment cache (Rust that releases the GIL), everything above OFF_LOOP_KEYS_BYTES."""
     fleet = state.fleet
     bs = fleet.block_size_for(model)
     # a salted request shares cache only with its salt, an adapter's only with itself
@@ -145,9 +150,16 @@ async def _route_keys(
     tokenizer = state.tokenizer_for(model)
     if tokenizer is BUILTIN_TOKENIZER:
         work = partial(_builtin_keys, prompt, bs, seed)  # the body is parsed already
-    else:
+    elif off_loop:  # a huge body: even rendering and looking up belong in the thread
         work = partial(_tokenizer_keys, tokenizer, body, chat, bs, seed)
-        off_loop = tokenizer.off_loop and body_bytes >= OFF_LOOP_MIN_BYTES
+    else:
+        try:
+            pending = tokenizer.start(body, chat)
+        except PromptError as exc:
+            raise BadRequest(str(exc)) from None
+        work = partial(_pending_keys, pending, bs, seed)
+        # only the text not tokenized before is worth a thread hop
+        off_loop = tokenizer.off_loop and pending.new_chars >= OFF_LOOP_MIN_CHARS
     hashes, num_tokens = await _keys_work(work, off_loop)
     return hashes, num_tokens, None
 
@@ -176,3 +188,7 @@ def _tokenizer_keys(
     tokenizer: PromptTokenizer, body: dict[str, Any], chat: bool, bs: int, seed: int
 ) -> tuple[list[int], int]:
     return exact_route_keys(tokenizer.token_ids(body, chat), bs, seed)
+
+
+def _pending_keys(pending: PendingIds, bs: int, seed: int) -> tuple[list[int], int]:
+    return exact_route_keys(pending.finish(), bs, seed)
