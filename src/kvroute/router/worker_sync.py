@@ -107,7 +107,8 @@ class FleetBus:
         self._outbox: list[tuple[Any, ...]] = []  # messages waiting for _flush
         self._replaying = False  # applying peers' calls: the Fleet's notices are not ours
         self._connected = asyncio.Event()  # set while every peer is heard
-        self.pub = context.socket(zmq.PUB)
+        # sends never wait (NOBLOCK): a plain socket skips the asyncio wrapper's futures
+        self.pub = zmq.Context.shadow(context.underlying).socket(zmq.PUB)
         self.pub.setsockopt(zmq.LINGER, 0)
         self.pub.setsockopt(zmq.SNDHWM, 100_000)
         self.pub.bind(spec.endpoint(spec.index))
@@ -118,6 +119,9 @@ class FleetBus:
         for peer in range(spec.num_workers):
             if peer != spec.index:
                 self.sub.connect(spec.endpoint(peer))
+        # the same socket without the asyncio wrapper: drains a backlog without a future
+        # per frame once the awaited receive woke up
+        self._sub_now = zmq.Socket.shadow(self.sub.underlying)
 
     # -- this worker's calls (FleetListener): tell the peers -----------------------------
 
@@ -259,6 +263,12 @@ class FleetBus:
         while True:
             payload = await self.sub.recv()
             self.apply(payload, clock())
+            while True:  # what else has arrived
+                try:
+                    payload = self._sub_now.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                self.apply(payload, clock())
 
     def send_heartbeat(self) -> None:
         """Tell the peers this worker is alive, who it is and whether it hears them all."""
