@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from kvroute.bench.metrics import RequestRecord, measured
-from kvroute.des.report import text_table
+from kvroute.common.text_table import text_table
 
 HOURS_PER_MONTH = 730.0  # 8,760 hours a year / 12, the cloud providers' month
 MAX_FAILED_SHARE = 0.01  # a fleet failing more of its requests than this misses the SLO

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvroute.bench.compare import RouterOutcome
+from kvroute.common.text_table import text_table
 from kvroute.des.simulation import Speed
 
 CEILINGS = (
@@ -24,19 +25,6 @@ def _share(hit: float | None, ceiling: float | None) -> str:
     if hit is None or not ceiling:
         return "n/a"
     return f"{hit / ceiling:.2f}"
-
-
-def text_table(rows: list[list[str]]) -> str:
-    """Rows of cells as aligned text: the first row is the header, the first column left."""
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = []
-    for row in rows:
-        cells = [row[0].ljust(widths[0])]
-        cells += [c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True)]
-        lines.append("  ".join(cells))
-        if row is rows[0]:
-            lines.append("-" * len(lines[-1]))
-    return "\n".join(lines)
 
 
 def format_ceilings(outcomes: Mapping[str, RouterOutcome]) -> str:

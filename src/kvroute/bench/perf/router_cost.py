@@ -38,7 +38,7 @@ from pathlib import Path
 from kvroute.bench.perf.clients import WrkResult, measure_throughput, request_bodies, wrk
 from kvroute.bench.perf.workers import child, minimal_fleet, router
 from kvroute.bench.procs import RouterUnavailable, free_port, parse_router, router_command
-from kvroute.des.report import text_table
+from kvroute.common.text_table import text_table
 
 SHORT = [("/v1/completions", b'{"model":"m","prompt":"You are a helpful assistant. Answer '
           b'briefly: what is prefix caching?","max_tokens":1}')]  # fmt: skip
@@ -59,7 +59,7 @@ def run_overhead(args: argparse.Namespace, logs: Path) -> None:
     with contextlib.ExitStack() as stack:
         (backend,) = stack.enter_context(minimal_fleet(1, logs))
         targets = {"direct": backend}
-        url, _ = stack.enter_context(router([backend], 1, "prefix", logs))
+        url, _ = stack.enter_context(router([backend], 1, args.policy, logs))
         targets["kvroute"] = url
         for name in args.peers:
             try:
@@ -97,10 +97,12 @@ def run_cpu(args: argparse.Namespace, logs: Path) -> None:
     tokenizer = args.tokenizer or (
         TINY_MODEL if (TINY_MODEL / "tokenizer.json").is_file() else None
     )
-    modes: dict[str, list[str]] = {"approximate": []}
-    if tokenizer is not None:
+    modes: dict[str, list[str]] = {}
+    if "approximate" in args.modes:
+        modes["approximate"] = []
+    if "exact" in args.modes and tokenizer is not None:
         modes["exact"] = ["--mode", "exact", "--tokenizer", f"m={tokenizer}"]
-    else:
+    elif "exact" in args.modes:
         print("  no tokenizer (--tokenizer DIR): exact mode skipped", file=sys.stderr)
     bodies = request_bodies("ranvier-stress", "m", unique=True)
     cpu: dict[str, list[float]] = defaultdict(list)
@@ -108,7 +110,7 @@ def run_cpu(args: argparse.Namespace, logs: Path) -> None:
     with minimal_fleet(args.backends, logs) as urls:
         for k in range(args.rounds):
             for mode, flags in modes.items():
-                with router(urls, 1, "prefix", logs, extra=flags) as (url, pid):
+                with router(urls, 1, args.policy, logs, extra=flags) as (url, pid):
                     r, _, us = measure_throughput(url, pid, bodies, client="wrk",
                         connections=args.connections, duration_s=args.duration)  # fmt: skip
                 rps[mode].append(r)
@@ -138,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peers", default="sglang,vllm-router",
                     help="peer routers to run beside kvroute ('' for none)")  # fmt: skip
     ap.add_argument("--tokenizer", type=Path, help="a directory with tokenizer.json (exact mode)")
+    ap.add_argument("--policy", default="prefix", help="kvroute's policy")
+    ap.add_argument("--modes", default="approximate,exact", help="for the cpu measurement")
     ap.add_argument("--skip-overhead", action="store_true")
     ap.add_argument("--skip-cpu", action="store_true")
     args = ap.parse_args(argv)
