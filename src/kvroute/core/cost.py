@@ -214,16 +214,11 @@ def estimate_ttft_s(
     cached = max(0, min(clamp_count(cached_tokens), num_prompt_tokens - 1))
     uncached = max(0, num_prompt_tokens - cached)
     decode_tokens = clamp_count(decode_tokens)
-    evicted_tokens = clamp_count(evicted_tokens)
-    evicted_hot_tokens = min(clamp_count(evicted_hot_tokens), evicted_tokens)
     queue_wait_s = clamp_count(queued_prefill_tokens) / prefill_tokens_per_s
     prefill_s = max(
         config.min_prefill_s, work_tokens(uncached, cached, config) / prefill_tokens_per_s
     )
-    recomputed = config.evicted_hot_factor * evicted_hot_tokens + config.evicted_reuse_fraction * (
-        evicted_tokens - evicted_hot_tokens
-    )
-    eviction_s = recomputed / prefill_tokens_per_s
+    eviction_s = eviction_cost_s(evicted_tokens, evicted_hot_tokens, prefill_tokens_per_s, config)
     need = uncached + decode_tokens
     if need <= kv_free_tokens:
         wait_s = 0.0
@@ -232,6 +227,23 @@ def estimate_ttft_s(
     else:
         wait_s = config.kv_full_wait_s
     return config.overhead_s + queue_wait_s + prefill_s + wait_s + eviction_s
+
+
+def eviction_cost_s(
+    evicted_tokens: float,
+    evicted_hot_tokens: float,
+    prefill_tokens_per_s: float,
+    config: CostConfig,
+) -> float:
+    """The part of ``estimate_ttft_s`` that evictions add: the recompute they cause
+    later, hot tokens (at most all evicted) weighted more. ``estimate_ttft_s`` adds it
+    last, so an estimate with evictions is exactly the one without plus this."""
+    evicted_tokens = clamp_count(evicted_tokens)
+    evicted_hot_tokens = min(clamp_count(evicted_hot_tokens), evicted_tokens)
+    recomputed = config.evicted_hot_factor * evicted_hot_tokens + config.evicted_reuse_fraction * (
+        evicted_tokens - evicted_hot_tokens
+    )
+    return recomputed / prefill_tokens_per_s
 
 
 def diversion_margin_s(holder_ttft_s: float, config: CostConfig) -> float:
@@ -270,7 +282,16 @@ class PrefillRate:
     4x one within ~45, accelerating as long as the samples keep disagreeing.
     """
 
-    __slots__ = ("_log_offset", "_reference", "_run", "_scale", "config", "num_samples")
+    __slots__ = (
+        "_log_offset",
+        "_memo",
+        "_reference",
+        "_run",
+        "_scale",
+        "config",
+        "num_samples",
+        "version",
+    )
 
     def __init__(
         self, config: CostConfig, reference: PrefillRate | None = None, scale: float = 1.0
@@ -286,6 +307,8 @@ class PrefillRate:
         )
         self._run = 0  # signed length of the current run of samples beyond the noise band
         self.num_samples = 0
+        self.version = 0  # moves whenever the estimate may have
+        self._memo = (-1, -1, 0.0)  # (version, the reference's, tokens_per_s then)
 
     def _clamp(self, tokens_per_s: float) -> float:
         cfg = self.config
@@ -297,8 +320,15 @@ class PrefillRate:
 
     @property
     def tokens_per_s(self) -> float:
-        """The estimate, within [min, max]."""
-        return self._clamp(math.exp(self._log_base() + self._log_offset))
+        """The estimate, within [min, max] (recomputed only after a sample moved it)."""
+        ref = self._reference
+        ref_version = -1 if ref is None else ref.version
+        version, memo_ref_version, value = self._memo
+        if version == self.version and memo_ref_version == ref_version:
+            return value
+        value = self._clamp(math.exp(self._log_base() + self._log_offset))
+        self._memo = (self.version, ref_version, value)
+        return value
 
     def observe(self, work: float, ttft_s: float) -> None:
         """Learn from one request: ``work`` tokens (ahead + own) took ``ttft_s``."""
@@ -323,6 +353,7 @@ class PrefillRate:
         hi = math.log(cfg.max_prefill_tokens_per_s) - log_base
         self._log_offset = min(max(self._log_offset + step, lo), hi)
         self.num_samples += 1
+        self.version += 1
 
     def _bounded_step(self, residual: float) -> float:
         """The EWMA step of ``residual``, within +-rate_step x the run it extends."""

@@ -21,6 +21,7 @@ from kvroute.core.cost import (
     estimate_ttft_s,
     evicted_blocks,
     evicted_hot_blocks,
+    eviction_cost_s,
     kv_free_tokens,
 )
 from kvroute.core.event_model import EventCacheModel
@@ -238,20 +239,19 @@ class RequestView:
         need = request.num_prompt_tokens - cached_tokens + request.max_tokens
         release_s = self._kv_release_s(b) if need > kv_free else ()
 
-        def ttft_s(evicted_blocks: int, hot_blocks: int) -> float:
-            return estimate_ttft_s(
-                num_prompt_tokens=request.num_prompt_tokens,
-                cached_tokens=cached_tokens,
-                queued_prefill_tokens=queued,
-                prefill_tokens_per_s=b.rate.tokens_per_s,
-                config=self.cost,
-                kv_free_tokens=kv_free,
-                kv_capacity_tokens=capacity_tokens,
-                decode_tokens=request.max_tokens,
-                evicted_tokens=evicted_blocks * bs,
-                evicted_hot_tokens=hot_blocks * bs,
-                kv_release_s=release_s,
-            )
-
-        own_s = ttft_s(0, 0)
-        return Placement(ttft_s(evicted, hot) if evicted else own_s, own_s, evicted, hot)
+        rate = b.rate.tokens_per_s
+        own_s = estimate_ttft_s(
+            num_prompt_tokens=request.num_prompt_tokens,
+            cached_tokens=cached_tokens,
+            queued_prefill_tokens=queued,
+            prefill_tokens_per_s=rate,
+            config=self.cost,
+            kv_free_tokens=kv_free,
+            kv_capacity_tokens=capacity_tokens,
+            decode_tokens=request.max_tokens,
+            kv_release_s=release_s,
+        )
+        if not evicted:
+            return Placement(own_s, own_s, 0, 0)
+        with_evictions_s = own_s + eviction_cost_s(evicted * bs, hot * bs, rate, self.cost)
+        return Placement(with_evictions_s, own_s, evicted, hot)
