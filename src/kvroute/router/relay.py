@@ -13,7 +13,7 @@ answer's ``usage`` (cached tokens) and can still answer a clean 502 when a backe
 something no completion is (a real answer, logprobs included, is kilobytes to a few MB),
 while a pass-through would already have sent a 200 when a body turns out endless.
 Streaming (``text/event-stream``): each chunk is written as it arrives, never buffered.
-One ``asyncio.timeout`` guards the loop: before a read its deadline is the idle gap (capped
+One ``asyncio.timeout`` guards a stream's loop: before a read its deadline is the idle gap (capped
 by the total deadline), before a write the total deadline. A stream silent for the idle
 gap goes on while the engine is alive and working (``_keep_waiting``), up to
 ``timeouts.stall_s``. A backend failure after the first byte ends the stream with an SSE
@@ -39,6 +39,7 @@ from kvroute.core.load import Ticket
 from kvroute.core.policy.base import Decision
 from kvroute.router.assemble import AssemblyError, StreamAssembler
 from kvroute.router.breaker import CircuitState
+from kvroute.router.cutoff import cutoff_at
 from kvroute.router.errors import BackendFailed, BackendTimeout
 from kvroute.router.state import NOTE, RouterState
 from kvroute.router.upstream import Deadline, copy_response_headers
@@ -119,7 +120,7 @@ async def _relay_whole(
 ) -> tuple[bool, web.StreamResponse]:
     url, cap = ticket.url, state.config.limits.max_response_bytes
     try:
-        async with asyncio.timeout_at(deadline.at):
+        async with cutoff_at(deadline.at):
             body = await _read_capped(resp, cap)
     except TimeoutError:
         msg = f"{url} did not finish its answer within {deadline.describe()}"
@@ -149,7 +150,7 @@ async def _relay_assembled(
     url = ticket.url
     assembler = StreamAssembler(plan.chat, state.config.limits.max_response_bytes)
     try:
-        async with asyncio.timeout_at(deadline.at):
+        async with cutoff_at(deadline.at):
             read = resp.content.readany
             chunk = await read()
             if chunk:

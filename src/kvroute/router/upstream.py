@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from kvroute.router.cutoff import cutoff_at
 from kvroute.router.errors import BackendFailed, BackendTimeout
 
 # response headers never copied back to the client (hop-by-hop or recomputed by aiohttp)
@@ -105,7 +106,7 @@ async def open_upstream(
     owns and must close the response.
     """
     try:
-        async with asyncio.timeout_at(deadline.at):
+        async with cutoff_at(deadline.at):
             resp = await session.post(url, data=_payload(body), headers=headers)
     except aiohttp.ClientConnectorError as exc:
         raise AttemptFailed("connect", f"{url}: cannot connect: {_reason(exc.os_error)}") from None
