@@ -16,7 +16,6 @@ and adapter, and their keys must not match plain ones.
 
 from __future__ import annotations
 
-import contextlib
 from array import array
 from collections.abc import Container, Sequence
 
@@ -74,36 +73,51 @@ class RunCache:
     hash of its bytes (one fast pass over them instead of a call per block); runs start
     at the prompt's beginning, so a shared prefix hits on every whole run inside it, and
     the blocks after the last whole run are chained directly. The keys are exactly
-    ``_chain``'s. Bounded: at most ``max_runs`` runs, the oldest dropped first; safe to
-    share between threads (each dict operation is atomic).
+    ``_chain``'s. Bounded: two generations of at most ``max_runs / 2`` runs each; when
+    the current one is full it becomes the previous one and the oldest is dropped (a hit
+    in the previous one moves up). Safe to share between threads: each step is one dict
+    operation or one assignment.
     """
 
-    def __init__(self, run_blocks: int = 16, max_runs: int = 1 << 15) -> None:
+    def __init__(self, run_blocks: int = 32, max_runs: int = 1 << 15) -> None:
         self.run_blocks = run_blocks
         self.max_runs = max_runs
-        self._runs: dict[tuple[int, int, int], list[int]] = {}
+        self._current: dict[tuple[int, int, int], list[int]] = {}
+        self._previous: dict[tuple[int, int, int], list[int]] = {}
+
+    def __len__(self) -> int:
+        return len(self._current) + len(self._previous)
 
     def chain(self, data: bytes, step: int, parent: int) -> list[int]:
         run = step * self.run_blocks
         if len(data) < 2 * run:  # short: chaining directly is as fast
             return _chain(data, step, parent)
-        runs, whole = self._runs, xxhash.xxh3_128_intdigest
+        whole = xxhash.xxh3_128_intdigest
         out: list[int] = []
         end = len(data) - len(data) % run
-        for start in range(0, end, run):
-            part = data[start : start + run]
-            key = (parent, step, whole(part))
-            keys = runs.get(key)
+        start = 0
+        while start < end:
+            key = (parent, step, whole(data[start : start + run]))
+            keys = self._current.get(key) or self._previous.get(key)
             if keys is None:
-                keys = _chain(part, step, parent)
-                if len(runs) >= self.max_runs:
-                    with contextlib.suppress(KeyError, RuntimeError, StopIteration):
-                        del runs[next(iter(runs))]  # the oldest (another thread may race)
-                runs[key] = keys
+                break  # every later run has a new parent: none of them can be known
+            if key not in self._current:
+                self._keep(key, keys)
             out += keys
             parent = keys[-1]
-        out += _chain(data[end:], step, parent)
+            start += run
+        fresh = _chain(data[start:], step, parent)
+        out += fresh
+        for k in range(0, end - start, run):  # remember the new runs
+            keys = fresh[k // step : (k + run) // step]
+            self._keep((parent, step, whole(data[start + k : start + k + run])), keys)
+            parent = keys[-1]
         return out
+
+    def _keep(self, key: tuple[int, int, int], keys: list[int]) -> None:
+        if len(self._current) >= max(1, self.max_runs // 2):
+            self._previous, self._current = self._current, {}
+        self._current[key] = keys
 
 
 _RUNS = RunCache()
