@@ -90,11 +90,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--format", choices=("flamegraph", "raw"), default="flamegraph")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
-    for tool in ("wrk", "py-spy"):
-        if shutil.which(tool) is None:
-            ap.error(
-                f"needs {tool} ({'apt install wrk' if tool == 'wrk' else 'pip install py-spy'})"
-            )
+    if shutil.which("wrk") is None:
+        ap.error("needs wrk (apt install wrk)")
+    # py-spy installs into the environment's bin folder, which need not be on PATH
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(spy).exists():
+        ap.error("needs py-spy (pip install py-spy)")
     flags = []
     if args.mode == "exact":
         if not (args.tokenizer / "tokenizer.json").is_file():
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         load.start()
         time.sleep(1.0)
-        cmd = ["py-spy", "record", "-p", str(pid), "-d", f"{args.duration:g}", "-r",
+        cmd = [spy, "record", "-p", str(pid), "-d", f"{args.duration:g}", "-r",
                str(args.rate), "-f", args.format, "-o", str(args.out)]  # fmt: skip
         subprocess.run(cmd, check=True, capture_output=True)
         load.join()
