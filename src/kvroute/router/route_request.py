@@ -12,6 +12,7 @@ tells the Fleet where the session's last request went (core/sessions.py).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import re
@@ -51,8 +52,27 @@ MAX_SESSION_CHARS = 256
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
+class _RequestIds:
+    """Ids unique across processes and restarts: 8 random bytes per process (drawn again
+    in a forked child) and a counter. One ``os.urandom`` per request cost a syscall."""
+
+    def __init__(self) -> None:
+        self.reset()
+        os.register_at_fork(after_in_child=self.reset)
+
+    def reset(self) -> None:
+        self.prefix = os.urandom(8).hex()
+        self.counter = itertools.count(1)
+
+    def new(self) -> str:
+        return f"{self.prefix}{next(self.counter):08x}"
+
+
+_IDS = _RequestIds()
+
+
 def new_request_id() -> str:
-    return os.urandom(12).hex()
+    return _IDS.new()
 
 
 async def route_request(
