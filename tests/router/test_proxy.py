@@ -147,9 +147,6 @@ class _RecordingTokenizer:
     def start(self, body: dict[str, Any], chat: bool) -> _Recorded:
         return _Recorded(self, len(body["prompt"]))  # all new: nothing cached
 
-    def token_ids(self, body: dict[str, Any], chat: bool) -> list[int]:
-        return self.start(body, chat).finish()
-
 
 @dataclasses.dataclass
 class _Recorded:

@@ -45,10 +45,6 @@ class PromptTokenizer(Protocol):
 
     def start(self, body: dict[str, Any], chat: bool) -> PendingIds: ...
 
-    def token_ids(self, body: dict[str, Any], chat: bool) -> Sequence[int]:
-        """``start(body, chat).finish()``."""
-        ...
-
 
 @dataclass(frozen=True, slots=True)
 class ReadyIds:

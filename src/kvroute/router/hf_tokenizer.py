@@ -102,7 +102,7 @@ class SegmentCache:
 
     In two steps, so a caller can put only the second in a thread: ``start`` splits the
     text and looks its segments up (``PendingIds.new_chars``: the text left to encode),
-    ``PendingIds.finish`` encodes those in one batch and joins the ids. Bounded: at most
+    ``finish`` encodes the rest in one batch and joins the ids. Bounded: at most
     ``max_bytes`` of cached segment text plus their ids (8 bytes an id), least recently
     used first out; a segment bigger than a quarter of that is encoded but not kept.
     Thread-safe (the proxy tokenizes in threads).
@@ -129,55 +129,56 @@ class SegmentCache:
 
     def start(self, text: str, add_special_tokens: bool) -> PendingIds:
         if add_special_tokens and self._affixes is None:  # a post-processor we cannot mimic
-            return PendingIds(self, [text], [None], [("", text, "")], True, len(text))
+            return PendingIds(self, [text], [], [], add_special_tokens, len(text), whole=True)
         parts = self._split.split(text) if self._split is not None else [text]
-        # parts alternate: text, added token, text, ..., text
-        segments: list[Segment] = []
-        for k in range(0, len(parts), 2):
-            if parts[k]:
-                before = parts[k - 1] if k else ""
-                after = parts[k + 1] if k + 1 < len(parts) else ""
-                segments.append((before, parts[k], after))
+        # parts alternate: text, added token, text, ..., text; a segment is a non-empty text
+        segments = [
+            (parts[k - 1] if k else "", parts[k], parts[k + 1] if k + 1 < len(parts) else "")
+            for k in range(0, len(parts), 2)
+            if parts[k]
+        ]
         with self._lock:
             found = [self._cache.get(seg) for seg in segments]
             for seg, ids in zip(segments, found, strict=True):
                 if ids is not None:
                     self._cache.move_to_end(seg)
-            self.hits += len(segments)
-        missing = [seg for seg, ids in zip(segments, found, strict=True) if ids is None]
-        new_chars = sum(len(t) for _, t, _ in missing)
-        return PendingIds(self, parts, found, missing, add_special_tokens, new_chars)
+                    self.hits += 1
+        new_chars = sum(
+            len(seg[1]) for seg, ids in zip(segments, found, strict=True) if ids is None
+        )
+        return PendingIds(self, parts, segments, found, add_special_tokens, new_chars)
 
-    def _encode_missing(self, missing: list[Segment]) -> dict[Segment, array[int]]:
+    def finish(self, pending: PendingIds) -> array[int]:
+        """The ids of ``pending``'s text: its unknown segments encoded, all joined."""
+        if pending.whole:
+            return array("Q", self._tokenizer.encode(pending.parts[0], add_special_tokens=True).ids)
+        known = list(zip(pending.segments, pending.found, strict=True))
+        missing = [seg for seg, ids in known if ids is None]
+        fresh = self._encode(missing) if missing else {}
+        segment_ids = (fresh[seg] if ids is None else ids for seg, ids in known)
+        head, tail = self._affixes if pending.add_special_tokens else ((), ())  # type: ignore[misc]
+        out = array("Q", head)
+        for k, part in enumerate(pending.parts):
+            if k % 2:
+                out.append(self._ids[part])
+            elif part:
+                out.extend(next(segment_ids))
+        out.extend(tail)
+        return out
+
+    def _encode(self, missing: list[Segment]) -> dict[Segment, array[int]]:
         # with its neighbours, so the tokenizer sees the segment as it sits in the text
         texts = [b + t + a for b, t, a in missing]
         encoded = self._tokenizer.encode_batch(texts, add_special_tokens=False)
         fresh = {}
         for (b, t, a), enc in zip(missing, encoded, strict=True):
-            ids = enc.ids
+            ids = enc.ids  # the neighbours are one added token each: drop their ids
             fresh[(b, t, a)] = array("Q", ids[1 if b else 0 : len(ids) - 1 if a else len(ids)])
         with self._lock:
-            self.hits -= len(fresh)
-            self.misses += len(fresh)
+            self.misses += len(missing)
             for seg, seg_ids in fresh.items():
                 self._keep(seg, seg_ids)
         return fresh
-
-    def _join(
-        self, parts: list[str], found: list[array[int] | None], add_special_tokens: bool
-    ) -> array[int]:
-        ids = array("Q")
-        if add_special_tokens:
-            ids.extend(self._affixes[0])  # type: ignore[index]
-        found_at = iter(found)
-        for k in range(len(parts)):
-            if k % 2:
-                ids.append(self._ids[parts[k]])
-            elif parts[k]:
-                ids.extend(next(found_at))  # type: ignore[arg-type]
-        if add_special_tokens:
-            ids.extend(self._affixes[1])  # type: ignore[index]
-        return ids
 
     def _keep(self, seg: Segment, ids: array[int]) -> None:
         size = sum(map(len, seg)) + 8 * len(ids)
@@ -195,39 +196,29 @@ class PendingIds:
     """A text split and looked up (``SegmentCache.start``); ``finish`` gives its ids."""
 
     cache: SegmentCache
-    parts: list[str]
-    found: list[array[int] | None]
-    missing: list[Segment]
+    parts: list[str]  # text, added token, text, ..., text
+    segments: list[Segment]  # the non-empty texts of ``parts``, with their neighbours
+    found: list[array[int] | None]  # each segment's cached ids, None: still to encode
     add_special_tokens: bool
     new_chars: int  # characters still to encode
+    whole: bool = False  # encode ``parts[0]`` whole (a post-processor we cannot mimic)
 
     def finish(self) -> Sequence[int]:
-        cache = self.cache
-        if self.add_special_tokens and cache._affixes is None:
-            encoding = cache._tokenizer.encode(self.parts[0], add_special_tokens=True)
-            return array("Q", encoding.ids)
-        if self.missing:
-            fresh = cache._encode_missing(self.missing)
-            segments = iter(self.missing)
-            self.found = [ids if ids is not None else fresh[next(segments)] for ids in self.found]
-        return cache._join(self.parts, self.found, self.add_special_tokens)
+        return self.cache.finish(self)
 
 
 def _post_processor_affixes(tokenizer: Any) -> tuple[list[int], list[int]] | None:
     """The ids the post-processor puts before and after a single text (BOS, EOS), or
     None when it does more than wrap the text (then completions encode whole)."""
-    probes = ["x", "hello world", "a\nb"]
     affixes = set()
-    for probe in probes:
+    for probe in ("x", "hello world", "a\nb"):
         bare = tokenizer.encode(probe, add_special_tokens=False).ids
         full = tokenizer.encode(probe, add_special_tokens=True).ids
-        cut = len(full) - len(bare)
-        for k in range(cut + 1):
-            if cut >= 0 and full[k : k + len(bare)] == bare:
-                affixes.add((tuple(full[:k]), tuple(full[k + len(bare) :])))
-                break
-        else:
+        starts = range(len(full) - len(bare) + 1)
+        at = next((k for k in starts if full[k : k + len(bare)] == bare), None)
+        if at is None:
             return None
+        affixes.add((tuple(full[:at]), tuple(full[at + len(bare) :])))
     if len(affixes) != 1:
         return None
     head, tail = affixes.pop()

@@ -207,7 +207,7 @@ def _builtin_keys(prompt: Prompt, bs: int, seed: int) -> tuple[list[int], int]:
 def _tokenizer_keys(
     tokenizer: PromptTokenizer, body: dict[str, Any], chat: bool, bs: int, seed: int
 ) -> tuple[list[int], int]:
-    return exact_route_keys(tokenizer.token_ids(body, chat), bs, seed)
+    return _pending_keys(tokenizer.start(body, chat), bs, seed)
 
 
 def _pending_keys(pending: PendingIds, bs: int, seed: int) -> tuple[list[int], int]:
