@@ -31,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from kvroute.core.keys import CHARS_PER_TOKEN  # text keys cut block_size x 4 characters
 from kvroute.core.params import check_ranges, param
 from kvroute.core.policy.base import (
     Decision,
@@ -42,8 +43,6 @@ from kvroute.core.policy.base import (
     rest_by_load,
 )
 from kvroute.core.policy.consistent_hash import HashRing
-
-CHARS_PER_KEY_TOKEN = 4  # text keys cut block_size * 4 characters (core/keys.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,5 +94,5 @@ class ChwblPolicy(Policy):
         hashes = request.block_hashes
         if not hashes:
             return request_key(request)
-        num_blocks = -(-self.p.prefix_chars // max(1, block_tokens * CHARS_PER_KEY_TOKEN))
+        num_blocks = -(-self.p.prefix_chars // max(1, block_tokens * CHARS_PER_TOKEN))
         return int(hashes[min(num_blocks, len(hashes)) - 1])

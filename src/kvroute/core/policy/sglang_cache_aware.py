@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
+from kvroute.core.keys import CHARS_PER_TOKEN  # text keys cut block_size x 4 characters
 from kvroute.core.params import check_ranges, param
 from kvroute.core.policy.base import (
     Decision,
@@ -41,8 +42,6 @@ from kvroute.core.policy.base import (
     RouteRequest,
     cached_tokens_for,
 )
-
-CHARS_PER_KEY_TOKEN = 4  # text keys cut block_size * 4 characters (core/keys.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +136,7 @@ class SglangCacheAwarePolicy(Policy):
         if now < self._next_eviction_s:
             return
         self._next_eviction_s = now + self.p.eviction_interval_s
-        cap = max(1, self.p.max_tree_size // (block_tokens * CHARS_PER_KEY_TOKEN))
+        cap = max(1, self.p.max_tree_size // (block_tokens * CHARS_PER_TOKEN))
         for url, tree in self._trees.items():
             while len(tree) > cap:
                 h, _ = tree.popitem(last=False)
