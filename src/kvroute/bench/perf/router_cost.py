@@ -14,6 +14,10 @@ noisy: every target gets a turn in every round, and the table shows medians):
   mode and, when ``--tokenizer DIR`` (a ``tokenizer.json``) is given or the tiny model of
   ``scripts/real_vllm/setup.sh`` is present, in exact mode with that tokenizer.
 
+Both also run two floors (``--no-floors`` skips them): ``kvroute.bench.perf.bare_proxy``,
+an aiohttp proxy that does nothing but forward (what any aiohttp router pays), and, in
+the cpu table, kvroute with ``round_robin`` (every step but the placement choice).
+
 Client, routers and backends share the machine's cores, as they would on one host;
 compare rows with each other, not with other machines.
 
@@ -43,6 +47,19 @@ from kvroute.common.text_table import text_table
 SHORT = [("/v1/completions", b'{"model":"m","prompt":"You are a helpful assistant. Answer '
           b'briefly: what is prefix caching?","max_tokens":1}')]  # fmt: skip
 TINY_MODEL = Path(".venv-vllm/models/tiny")
+FLOOR = "aiohttp floor (bare proxy)"  # kvroute.bench.perf.bare_proxy: no routing at all
+
+
+@contextlib.contextmanager
+def bare_proxy(backends: list[str], logs: Path) -> Iterator[tuple[str, int]]:
+    """``kvroute.bench.perf.bare_proxy`` (aiohttp, nothing else): (its URL, its pid)."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "kvroute.bench.perf.bare_proxy", str(port), *backends]
+    with child("bare-proxy", cmd, logs) as proc:
+        url = f"http://127.0.0.1:{port}"
+        proc.wait_ready_sync([url + "/health"], 30)
+        assert proc.pid is not None
+        yield url, proc.pid
 
 
 @contextlib.contextmanager
@@ -61,6 +78,7 @@ def run_overhead(args: argparse.Namespace, logs: Path) -> None:
         targets = {"direct": backend}
         url, _ = stack.enter_context(router([backend], 1, args.policy, logs))
         targets["kvroute"] = url
+        targets[FLOOR] = stack.enter_context(bare_proxy([backend], logs))[0]
         for name in args.peers:
             try:
                 targets[name] = stack.enter_context(peer(name, backend, logs))
@@ -97,33 +115,42 @@ def run_cpu(args: argparse.Namespace, logs: Path) -> None:
     tokenizer = args.tokenizer or (
         TINY_MODEL if (TINY_MODEL / "tokenizer.json").is_file() else None
     )
-    modes: dict[str, list[str]] = {}
+    # row -> kvroute's policy and flags, or None for the bare aiohttp proxy
+    rows: dict[str, tuple[str, list[str]] | None] = {}
     if "approximate" in args.modes:
-        modes["approximate"] = []
+        rows[f"kvroute {args.policy}, approximate"] = (args.policy, [])
     if "exact" in args.modes and tokenizer is not None:
-        modes["exact"] = ["--mode", "exact", "--tokenizer", f"m={tokenizer}"]
+        exact = ["--mode", "exact", "--tokenizer", f"m={tokenizer}"]
+        rows[f"kvroute {args.policy}, exact"] = (args.policy, exact)
     elif "exact" in args.modes:
         print("  no tokenizer (--tokenizer DIR): exact mode skipped", file=sys.stderr)
+    if args.floors:
+        rows["kvroute round_robin, approximate (no choice)"] = ("round_robin", [])
+        rows[FLOOR] = None
     bodies = request_bodies("ranvier-stress", "m", unique=True)
     cpu: dict[str, list[float]] = defaultdict(list)
     rps: dict[str, list[float]] = defaultdict(list)
     with minimal_fleet(args.backends, logs) as urls:
         for k in range(args.rounds):
-            for mode, flags in modes.items():
-                with router(urls, 1, args.policy, logs, extra=flags) as (url, pid):
+            for name, spec in rows.items():
+                with (
+                    bare_proxy(urls, logs)
+                    if spec is None
+                    else router(urls, 1, spec[0], logs, extra=spec[1])
+                ) as (url, pid):
                     r, _, us = measure_throughput(url, pid, bodies, client="wrk",
                         connections=args.connections, duration_s=args.duration)  # fmt: skip
-                rps[mode].append(r)
-                cpu[mode].append(us)
+                rps[name].append(r)
+                cpu[name].append(us)
             print(f"  round {k + 1}/{args.rounds}: " + ", ".join(
-                f"{m} {cpu[m][-1]:.0f} us" for m in modes), flush=True)  # fmt: skip
+                f"{n} {cpu[n][-1]:.0f} us" for n in rows), flush=True)  # fmt: skip
     print(f"\ncpu: {args.backends} canned backends, ranvier-stress chats (new last turns), "
           f"wrk -t1 -c{args.connections}, {args.duration:g} s per cell, "
           f"median of {args.rounds} rounds")  # fmt: skip
-    rows = [[m, f"{statistics.median(cpu[m]):.0f}", f"{min(cpu[m]):.0f}-{max(cpu[m]):.0f}",
-             f"{statistics.median(rps[m]):,.0f}"] for m in modes]  # fmt: skip
-    print(text_table([["mode", "router CPU us/request", "range", "req/s"], *rows]))
-    if tokenizer is not None:
+    table = [[n, f"{statistics.median(cpu[n]):.0f}", f"{min(cpu[n]):.0f}-{max(cpu[n]):.0f}",
+              f"{statistics.median(rps[n]):,.0f}"] for n in rows]  # fmt: skip
+    print(text_table([["router", "CPU us/request", "range", "req/s"], *table]))
+    if tokenizer is not None and "exact" in args.modes:
         print(f"(exact mode tokenizer: {tokenizer})")
 
 
@@ -142,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokenizer", type=Path, help="a directory with tokenizer.json (exact mode)")
     ap.add_argument("--policy", default="prefix", help="kvroute's policy")
     ap.add_argument("--modes", default="approximate,exact", help="for the cpu measurement")
+    ap.add_argument("--no-floors", dest="floors", action="store_false",
+                    help="skip the bare aiohttp proxy and kvroute round_robin rows")  # fmt: skip
     ap.add_argument("--skip-overhead", action="store_true")
     ap.add_argument("--skip-cpu", action="store_true")
     args = ap.parse_args(argv)
