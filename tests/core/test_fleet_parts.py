@@ -39,9 +39,9 @@ def test_hot_blocks_go_only_when_the_working_set_no_longer_fits(
     assert evicted_hot_blocks(evicted, hot, joining, capacity) == out
 
 
-def test_free_kv_is_capacity_less_pinned_less_queued():
-    assert kv_free_tokens(1000, None, 100) == 900  # never scraped: nothing pinned
-    assert kv_free_tokens(1000, 0.25, 100) == 650
+def test_free_kv_is_capacity_less_ours_less_others():
+    assert kv_free_tokens(1000, 300, 0) == 700
+    assert kv_free_tokens(1000, 300, 250) == 450
 
 
 def test_engine_counters_sum_deltas_and_a_drop_is_a_restart():

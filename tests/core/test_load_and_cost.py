@@ -140,13 +140,16 @@ def test_estimate_caps_the_hit_at_prompt_minus_one_and_adds_attention():
 
 def test_a_request_that_fits_pays_no_admission_wait_and_one_that_does_not_waits_lumps():
     cfg = CostConfig()
-    ends = [1.0, 3.0, 5.0]  # three running requests pin 900 of 1,000 tokens, 300 each
-    assert admission_wait_s(100, 500, 1000, ends) == 0.0
-    assert admission_wait_s(250, 100, 1000, ends) == 1.0  # 150 missing: the first to end
-    assert admission_wait_s(450, 100, 1000, ends) == 3.0  # 350 missing: two must end
-    assert admission_wait_s(5000, 100, 1000, ends) == 5.0  # never fits: all of them
+    # three running requests end at 1, 3 and 5 s and free 100, 300 and 500 tokens
+    ends = [(1.0, 100.0), (3.0, 300.0), (5.0, 500.0)]
+    assert admission_wait_s(100, 500, ends) == 0.0
+    assert admission_wait_s(150, 100, ends) == 1.0  # 50 missing: the first to end
+    assert admission_wait_s(250, 100, ends) == 3.0  # 150 missing: the first frees only 100
+    assert admission_wait_s(5000, 100, ends) == 5.0  # never fits: all of them
 
-    def estimate(cached: int, free: float, release_s: tuple[float, ...] = ()) -> float:
+    def estimate(
+        cached: int, free: float, releases: tuple[tuple[float, float], ...] = (), revived: int = 0
+    ) -> float:
         return estimate_ttft_s(
             num_prompt_tokens=2000,
             cached_tokens=cached,
@@ -154,16 +157,22 @@ def test_a_request_that_fits_pays_no_admission_wait_and_one_that_does_not_waits_
             prefill_tokens_per_s=10_000,
             config=cfg,
             kv_free_tokens=free,
-            kv_capacity_tokens=4000,
             decode_tokens=100,
-            kv_release_s=release_s,
+            revived_tokens=revived,
+            kv_releases=releases,
         )
 
-    # A holder full of the very prefix it would serve pays no admission wait...
+    # A holder full of the very prefix it would serve (running requests pin it) pays no
+    # admission wait...
     assert estimate(cached=1984, free=500) == estimate(cached=1984, free=4000)
-    # ...while a cold request that does not fit waits for a running one to end, or the
-    # configured wait when the caller knows of none
-    assert estimate(cached=0, free=0, release_s=(2.5,)) - estimate(0, 4000) == pytest.approx(2.5)
+    # ...but a hit on blocks nobody pins takes them back from the free pool: it waits
+    assert estimate(1984, 500, ((2.0, 3000.0),), revived=1984) - estimate(
+        1984, 4000
+    ) == pytest.approx(2.0)
+    # a cold request that does not fit waits for a running one to end, or the configured
+    # wait when the caller knows of none
+    wait = estimate(cached=0, free=0, releases=((2.5, 4000.0),)) - estimate(0, 4000)
+    assert wait == pytest.approx(2.5)
     assert estimate(cached=0, free=0) - estimate(0, 4000) == pytest.approx(cfg.kv_full_wait_s)
 
 

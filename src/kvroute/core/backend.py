@@ -142,6 +142,8 @@ class Backend:
         "draining",
         "engine",
         "epoch",
+        "foreign_kv_share",
+        "foreign_requests",
         "healthy",
         "kv_cache_usage",
         "load",
@@ -177,6 +179,11 @@ class Backend:
         self.block_size: int | None = None  # scraped or announced; None: the default
         self.num_gpu_blocks: int | None = None  # scraped; None: the default
         self.kv_cache_usage: float | None = None  # last scraped gauge, 0..1
+        # The engine's requests at the last scrape that ours did not explain (other
+        # routers' or clients'), and their share of its KV usage then: what of the gauge
+        # still holds once our requests of that moment have ended (observe_engine).
+        self.foreign_requests = 0
+        self.foreign_kv_share = 1.0
         self.load = BackendLoad()
         # the keys of its open tickets (shared once): the KV our requests pin (cost.py)
         self.active_blocks = ActiveBlocks(active_blocks_stride)
@@ -211,6 +218,11 @@ class Backend:
         """One scrape's gauges (None = not reported); (block size changed, engine
         capacity reported): the Fleet's per-model caches and cache model follow them."""
         self.load.observe_engine(num_running, num_waiting)
+        if num_running is not None or num_waiting is not None:
+            load = self.load
+            engine = (load.engine_num_running or 0) + (load.engine_num_waiting or 0)
+            self.foreign_requests = max(0, engine - load.in_flight_requests)
+            self.foreign_kv_share = self.foreign_requests / engine if engine else 0.0
         if kv_cache_usage is not None:
             # compared, not converted: nan is 0, an int too big for a float is 1
             u = kv_cache_usage
@@ -229,6 +241,8 @@ class Backend:
         recovery refills them)."""
         self.load.engine_num_running = self.load.engine_num_waiting = None
         self.kv_cache_usage = None
+        self.foreign_requests = 0
+        self.foreign_kv_share = 1.0
 
     # -- requests ----------------------------------------------------------------------
 

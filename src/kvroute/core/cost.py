@@ -14,17 +14,25 @@ rate (tokens/s per backend) calibrates both: with the default 2.5e-5, one new to
 attends to 40k context tokens costs one extra token, which is where the attention and
 linear terms of an 8B model on an A100 cross (docs/engine-model.md, constants).
 
-KV pressure is about the blocks this request must *add*: the engine admits it only when
-its uncached tokens (and its decode) fit in the blocks not pinned by running requests
-and not claimed by prefills queued ahead. A cached prefix costs no new blocks, and while
-requests using it run its blocks are pinned, so a busy holder of a hot prefix is not
-penalised for being full of that very prefix. When they do not fit, the request waits
-until enough running requests end, and memory comes back in lumps, a request at a time:
-a request short of m requests' worth of blocks waits until the m-th of the running ones
-ends. Each is expected to end a lifetime L after its first token (L learned from the
-fleet's finishes, ``RequestLifetime``), a queued one a lifetime from now, one already
-older than L within a quarter of L, one we did not send (the engine counts more than
-ours) within half of it (core/view.py gives these times). (A
+KV pressure is about the blocks this request must take from the engine's free pool: its
+uncached tokens and its decode, and the blocks of its hit that no running request pins
+(vLLM keeps a freed block's contents cached in the free pool, and a hit on it takes it
+back out: ``revived_tokens``). A hit on a prefix that running requests use costs no new
+blocks, so a busy holder of a hot prefix is not penalised for being full of that very
+prefix; a hit on an idle one is not free (issue 14's multiturn: a conversation whose
+context sat idle on a replica full of other conversations was sent back there, priced
+as fitting, and waited seconds). When they do not fit, the request waits until enough
+running requests end, and memory comes back in lumps, a request at a time: each frees
+its output and the blocks of its prompt no other running request shares, and the
+request waits until the m-th of them, soonest first, has freed enough. Each is expected
+to end a lifetime L after its first token (L learned from the fleet's finishes,
+``RequestLifetime``), a queued one a lifetime from now, one already older than L within a
+quarter of L; a request the engine runs that we did not send within half of L, freeing
+an equal share of what ours do not explain (core/view.py gives these). What the engine
+pins is what our requests in flight pin (their distinct blocks, counted fresh) plus the
+part of the last scraped usage that requests we did not send explained then: a scrape
+is up to an interval old, and the KV of our requests that ended since is free (counting
+the whole stale gauge made replicas look full for an interval after a burst ended). (A
 wait proportional to the shortage alone, as if memory trickled back, priced a replica
 holding three long requests of a 9k-token cache at a tenth of a second when the fourth
 would wait seconds: issue 14's gsp runs sent 4-6 requests to such replicas and their P99
@@ -51,8 +59,8 @@ it), and keeps overflow of a long prefix from flushing another replica's prefixe
 unless the queue it avoids is worth more.
 
 The numbers these terms take are computed here too, from what the router knows of a
-backend (core/view.py gathers them): ``kv_free_tokens`` (capacity, less the engine's
-pinned KV, less the prefills queued ahead), ``evicted_blocks`` (what the new blocks push
+backend (core/view.py gathers them): ``kv_free_tokens`` (capacity, less what our
+requests and others' pin or have queued), ``evicted_blocks`` (what the new blocks push
 out of a full cache) and ``evicted_hot_blocks`` (how many of those are hot).
 
 Token counts enter through ``clamp_count`` (core/load.py), so a client's absurd number
@@ -125,33 +133,28 @@ def work_tokens(uncached_tokens: int, cached_tokens: int, config: CostConfig) ->
     return uncached + config.attention_tokens_per_pair * pairs
 
 
-def kv_free_tokens(
-    capacity_tokens: float,
-    kv_cache_usage: float | None,
-    queued_prefill_tokens: int,
-    held_tokens: int = 0,
-) -> float:
-    """KV an engine could give a new request now: its capacity, less the part pinned by
-    running requests (the engine's usage gauge; 0 until scraped), less the uncached
-    blocks the prefills queued ahead of it will claim; or less ``held_tokens`` (the KV of
-    the requests we sent it that are still in flight, their distinct prompt blocks and
-    their outputs: fresh where the gauge is a scrape old) if that is more."""
-    pinned_tokens = (kv_cache_usage or 0.0) * capacity_tokens
-    return capacity_tokens - max(pinned_tokens + queued_prefill_tokens, held_tokens)
+def kv_free_tokens(capacity_tokens: float, held_tokens: float, foreign_tokens: float) -> float:
+    """KV an engine could give a new request now: its capacity, less what our requests in
+    flight pin (``held_tokens``: their distinct prompt blocks, queued ones included, and
+    their outputs), less what requests we did not send pin or have queued
+    (``foreign_tokens``, from the engine's last scraped gauges: core/view.py)."""
+    return capacity_tokens - held_tokens - foreign_tokens
 
 
 def admission_wait_s(
-    need_tokens: float, free_tokens: float, capacity_tokens: float, release_s: Sequence[float]
+    need_tokens: float, free_tokens: float, releases: Sequence[tuple[float, float]]
 ) -> float:
     """How long a request needing ``need_tokens`` of KV waits for running requests to end
-    and free theirs; ``release_s``: when each is expected to end, soonest first, each
-    freeing an equal share of what they pin (module docstring)."""
-    if need_tokens <= free_tokens or not release_s:
+    and free theirs; ``releases``: (when one is expected to end, the KV its end frees),
+    soonest first (module docstring). If all of them ending is not enough, the last."""
+    if need_tokens <= free_tokens or not releases:
         return 0.0
-    k = len(release_s)
-    per_request = max(1.0, (capacity_tokens - max(0.0, free_tokens)) / k)
-    missing = min(k, math.ceil((need_tokens - free_tokens) / per_request))
-    return release_s[missing - 1]
+    free = free_tokens
+    for when_s, tokens in releases:
+        free += tokens
+        if free >= need_tokens:
+            return when_s
+    return releases[-1][0]
 
 
 class RequestLifetime:
@@ -194,20 +197,22 @@ def estimate_ttft_s(
     prefill_tokens_per_s: float,
     config: CostConfig,
     kv_free_tokens: float = float("inf"),
-    kv_capacity_tokens: float = 0.0,
     decode_tokens: int = 0,
+    revived_tokens: int = 0,
     evicted_tokens: float = 0.0,
     evicted_hot_tokens: float = 0.0,
-    kv_release_s: Sequence[float] = (),
+    kv_releases: Sequence[tuple[float, float]] = (),
 ) -> float:
     """Estimated TTFT in seconds of a request on one backend (module docstring).
 
-    ``kv_free_tokens``: KV the engine could give this request now (capacity minus blocks
-    pinned by running requests minus prefills queued ahead); ``decode_tokens``: the KV its
-    output will add; ``evicted_tokens``: cached tokens its new blocks push out, of which
+    ``kv_free_tokens``: KV the engine could give this request now (``kv_free_tokens()``);
+    ``decode_tokens``: the KV its output will add; ``revived_tokens``: the part of its hit
+    that no running request pins (the engine takes those blocks back out of its free
+    pool); ``evicted_tokens``: cached tokens its new blocks push out, of which
     ``evicted_hot_tokens`` (at most all) belong to the backend's working set;
-    ``kv_release_s``: when the requests running there are expected to end, soonest first
-    (``admission_wait_s``; without them a request that does not fit waits
+    ``kv_releases``: when the requests running there are expected to end and what each
+    frees, soonest first (``admission_wait_s``; without them a request that does not fit
+    waits
     ``kv_full_wait_s``).
     """
     num_prompt_tokens = clamp_count(num_prompt_tokens)
@@ -219,11 +224,11 @@ def estimate_ttft_s(
         config.min_prefill_s, work_tokens(uncached, cached, config) / prefill_tokens_per_s
     )
     eviction_s = eviction_cost_s(evicted_tokens, evicted_hot_tokens, prefill_tokens_per_s, config)
-    need = uncached + decode_tokens
+    need = uncached + decode_tokens + min(clamp_count(revived_tokens), cached)
     if need <= kv_free_tokens:
         wait_s = 0.0
-    elif kv_release_s:
-        wait_s = admission_wait_s(need, kv_free_tokens, kv_capacity_tokens, kv_release_s)
+    elif kv_releases:
+        wait_s = admission_wait_s(need, kv_free_tokens, kv_releases)
     else:
         wait_s = config.kv_full_wait_s
     return config.overhead_s + queue_wait_s + prefill_s + wait_s + eviction_s

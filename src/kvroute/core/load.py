@@ -130,6 +130,18 @@ class ActiveBlocks:
         if live:
             counts[keys[live - 1]] -= 1
 
+    def num_own(self, keys: Sequence[int]) -> int:
+        """How many blocks of ``keys`` (the chain of a request in flight) no other request
+        in flight holds: what its end frees (to within stride - 1)."""
+        if not keys:
+            return 0
+        kept = keys[:: self.stride] if self.stride > 1 else keys
+        counts = self.key_to_count
+        live = len(kept)
+        while live and counts.get(kept[live - 1]) == 1:  # as ``remove`` would drop them
+            live -= 1
+        return max(0, len(keys) - live * self.stride)
+
     def num_new(self, keys: Sequence[int]) -> int:
         """How many blocks of ``keys`` (a chain) no in-flight request holds (to within
         stride - 1)."""

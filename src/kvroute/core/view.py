@@ -210,34 +210,64 @@ class RequestView:
     def estimate_ttft_s(self, url: str, request: RouteRequest, cached_tokens: int) -> float:
         return self.placement(url, request, cached_tokens).ttft_s
 
-    def _kv_release_s(self, b: Backend) -> list[float]:
-        """When each request running on ``b`` is expected to end and free its KV, soonest
-        first (core/cost.py): a lifetime after its first token, at least a quarter of one
-        from now; a lifetime from now if still queued; half of one for each request the
-        engine runs that we did not send."""
+    def _kv_releases(
+        self, b: Backend, bs: float, foreign_tokens: float
+    ) -> list[tuple[float, float]]:
+        """When each request running on ``b`` is expected to end, and the KV it frees then,
+        soonest first (core/cost.py). It ends a lifetime after its first token, at least a
+        quarter of one from now; a lifetime from now if still queued; and frees its output
+        and the blocks of its prompt no other running request shares. A request the engine
+        ran at the last scrape that was not ours ends within half a lifetime and frees an
+        equal share of ``foreign_tokens``."""
         life_s = self._lifetime_s if self._lifetime_s is not None else self.cost.kv_full_wait_s
         now = self._now
-        out = [
-            life_s
-            if t.first_token_at_s is None
-            else max(life_s - (now - t.first_token_at_s), life_s / 4)
-            for t in b.open_tickets.values()
-        ]
-        unknown = min(b.load.requests - len(out), MAX_UNKNOWN_RUNNING)  # an absurd gauge: bounded
-        out += [life_s / 2] * max(0, unknown)
+        active = b.active_blocks
+        out = []
+        for t in b.open_tickets.values():
+            when_s = (
+                life_s
+                if t.first_token_at_s is None
+                else max(life_s - (now - t.first_token_at_s), life_s / 4)
+            )
+            out.append((when_s, active.num_own(t.block_hashes) * bs + t.decode_tokens))
+        foreign = min(b.foreign_requests, MAX_UNKNOWN_RUNNING)  # an absurd gauge: bounded
+        if foreign:
+            out += [(life_s / 2, foreign_tokens / foreign)] * foreign
         out.sort()
         return out
+
+    @staticmethod
+    def _foreign_tokens(b: Backend, capacity_tokens: float) -> float:
+        """KV pinned or claimed on ``b`` by requests we did not send: the scraped usage's
+        share that our requests of that moment did not explain (a scrape is up to an
+        interval old; ours since then are counted fresh), plus the engine's queue beyond
+        ours."""
+        load = b.load
+        pinned = (b.kv_cache_usage or 0.0) * b.foreign_kv_share * capacity_tokens
+        return pinned + max(0, load.queued_prefill_tokens - load.queued_prefill_tokens_ours)
 
     def placement(self, url: str, request: RouteRequest, cached_tokens: int) -> Placement:
         b = self._get(url)
         evicted, hot, bs = self._evictions(b, url, request, cached_tokens)
         capacity_tokens = self._index.url_to_model[url].capacity_blocks * bs
         queued = b.load.queued_prefill_tokens
-        # what our requests in flight pin: their distinct blocks and the KV of their outputs
-        held = b.active_blocks.num_blocks * bs + b.load.decode_tokens
-        kv_free = kv_free_tokens(capacity_tokens, b.kv_cache_usage, queued, held)
-        need = request.num_prompt_tokens - cached_tokens + request.max_tokens
-        release_s = self._kv_release_s(b) if need > kv_free else ()
+        # what our requests in flight pin: their distinct blocks and their outputs at full
+        # length (the engine grows them block by block; a newcomer cannot have those)
+        active = b.active_blocks
+        prompts = active.num_blocks * bs
+        foreign = self._foreign_tokens(b, capacity_tokens)
+        kv_free = kv_free_tokens(capacity_tokens, prompts + b.load.decode_tokens, foreign)
+        revived = 0
+        releases: list[tuple[float, float]] = []
+        if request.num_prompt_tokens + request.max_tokens > kv_free:
+            # A hit on blocks no running request pins takes them back out of the free pool
+            # (the engine's admission counts them): only a hit on running prefixes is free.
+            keys = request.block_hashes
+            pinned = (len(keys) - active.num_new(keys)) * bs if prompts else 0
+            revived = max(0, cached_tokens - pinned)
+            need = request.num_prompt_tokens - cached_tokens + revived + request.max_tokens
+            if need > kv_free:
+                releases = self._kv_releases(b, bs, foreign)
 
         rate = b.rate.tokens_per_s
         own_s = estimate_ttft_s(
@@ -247,9 +277,9 @@ class RequestView:
             prefill_tokens_per_s=rate,
             config=self.cost,
             kv_free_tokens=kv_free,
-            kv_capacity_tokens=capacity_tokens,
             decode_tokens=request.max_tokens,
-            kv_release_s=release_s,
+            revived_tokens=revived,
+            kv_releases=releases,
         )
         if not evicted:
             return Placement(own_s, own_s, 0, 0)
