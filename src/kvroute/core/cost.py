@@ -106,10 +106,9 @@ class CostConfig:
     evicted_reuse_fraction: float = param(0.2, ge=0)  # share of evicted tokens recomputed later
     # evicted hot tokens (reused recently on that backend) cost this x their prefill time
     evicted_hot_factor: float = param(2.0, ge=0)
-    # A request leaves the holder of its prefix only when the other backend's estimate (plus
-    # ``divert_recompute_share`` x the recompute the move causes there, if the copy evicts
-    # blocks reused there) is lower than the holder's by max(divert_margin_s,
-    # divert_margin_fraction x holder's estimate)
+    # A request leaves the holder of its prefix only when the other backend's estimate plus
+    # ``divert_recompute_share`` x the recompute the move causes there is lower than the
+    # holder's by max(divert_margin_s, divert_margin_fraction x holder's estimate)
     # (``diversion_margin_s``), if the holder's hit is at least ``divert_min_cached_share``
     # of the prompt (else the request is mostly new: placed on cost alone, like a cold
     # one). core/policy/prefix.py says why these defaults.

@@ -71,21 +71,16 @@ class PrefixPolicy(Policy):
     ``divert_min_cached_share`` (half) of the prompt, the request is mostly new and the
     cheapest candidate wins, as a cold one would: where its new blocks go (and what they
     evict) matters more than the short shared head. Otherwise another candidate wins
-    instead of the home ("load") only if its charged estimate is below the home's by
-    max(``divert_margin_s``, ``divert_margin_fraction`` x the home's estimate): its
-    estimate, plus ``divert_recompute_share`` x the recompute the move causes there (its
-    estimate minus its estimate with the home's hit) when the copy it makes pushes out
-    blocks that backend's requests reuse (``Placement.hot_blocks``). Why:
-    - a copy that evicts the target's working set is a duplicate that destroys hits: its
-      recompute is counted twice, once in the request's own estimate and once for the
-      fleet that will prefill again what it pushed out and for whoever queues behind it
-      (issue 11 saw the spiral of the rule without it: each diversion recomputed a long
-      prompt, queued more prefill, made holders look busier, and more requests were
-      diverted). A copy into free cache or leftovers destroys nothing, and the target's
-      own estimate already counts the prefill: charging it again kept conversations on
-      replicas their contexts had outgrown, and an app's shared head from spreading while
-      the fleet had room (multiturn in the simulator, 5 seeds: 84.2 -> 85.3 % hit, P99
-      435 -> 302 ms; BENCHMARKS.md, the rules of issue 11);
+    instead of the home ("load") only if its estimate, plus ``divert_recompute_share`` x
+    the recompute the move causes there (its estimate minus its estimate with the home's
+    hit: the prefix it prefills again, and the cache that evicts), is below the home's by
+    max(``divert_margin_s``, ``divert_margin_fraction`` x the home's estimate). Why:
+    - the recompute is counted twice, once in the request's own estimate and once for
+      whoever queues behind it on the target (the fleet does that much more prefill than
+      on the home), so a diversion must pay for what it costs others, not only be faster
+      for itself (issue 11 saw the spiral of the rule without it: each diversion
+      recomputed a long prompt, queued more prefill, made holders look busier, and more
+      requests were diverted);
     - 50 ms: TTFTs and queue snapshots jitter by a few tens of ms (a scrape, a GC pause,
       a batch boundary); a smaller margin flips decisions on noise;
     - 20 % of the home's estimate: the learned rate's error (a burst of outliers moves it
@@ -198,17 +193,15 @@ class PrefixPolicy(Policy):
         best: Scored | None = None
         best_key: tuple[float, int, int] | None = None
         for s in scored:  # cheapest first: once one is above the bar, all later ones are
-            ttft_s, minus_score, url, cached = s
+            ttft_s, minus_score, url, _ = s
             if ttft_s >= bar_s:
                 break
             if url_to_depth[url] >= url_to_depth[home_url]:
                 continue  # another holder of the deepest match is never a diversion
             charged_s = ttft_s
-            share = cost.divert_recompute_share
-            if share > 0 and view.placement(url, request, cached).hot_blocks:
-                # the copy pushes out blocks the target's requests reuse: charge its recompute
+            if cost.divert_recompute_share > 0:
                 with_home_hit_s = view.estimate_ttft_s(url, request, home_cached)
-                charged_s += share * max(0.0, ttft_s - with_home_hit_s)
+                charged_s += cost.divert_recompute_share * max(0.0, ttft_s - with_home_hit_s)
             key = (round(charged_s, 9), -url_to_depth[url], minus_score)
             if charged_s < bar_s and (best_key is None or key < best_key):
                 best, best_key = s, key
