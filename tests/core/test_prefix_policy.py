@@ -114,13 +114,19 @@ def test_full_kv_on_the_holder_pushes_long_recompute_elsewhere_only_when_worth_i
     # ours: half a lifetime each). Requests that keep their KV 2 s: a wait of 1-2 s,
     # against ~0.1 s to recompute the prefix elsewhere (charged twice, plus the margin):
     # it moves. Requests of 50 ms: a wait of 25-50 ms, not worth a duplicate of the
-    # prefix (before issue 10 it moved on any saving, here the queue ahead of it).
+    # prefix (before issue 10 it moved on any saving, here the queue ahead of it). The
+    # other backend's cache is full of a prompt its requests reuse, so a copy there would
+    # destroy hits: its recompute is charged (prefix.py; into room, a head that a running
+    # request uses would spread).
     fleet = make_fleet(n=2, capacity=80)
     _, t = serve(fleet, req("short", chain((9, 1))))
     fleet.on_first_token(t, 0.0)
     fleet.finish(t, lifetime_s, ok=True)  # how long a request keeps its KV
+    for i in range(3):  # reused on backend 1: its working set
+        _, t = serve(fleet, req(f"reused{i}", chain((7, 72)), max_tokens=1), exclude=[url(0)])
+        fleet.finish(t, 0.5, ok=True)
     system = chain((1, 64))
-    d, _ = serve(fleet, req("a", system))
+    d, _ = serve(fleet, req("a", system), exclude=[url(1)])
     fleet.update_engine_stats(d.backend, kv_cache_usage=1.0)
     decision = fleet.route(req("b", system + chain((2, 1))), 1.0)
     assert (decision.backend != d.backend) is moves

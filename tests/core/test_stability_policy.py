@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from kvroute.core.cost import CostConfig
 from kvroute.core.fleet import Fleet
 from kvroute.core.policy import Decision, LoadView, PrefixPolicy, RouteRequest
-from kvroute.core.policy.base import rendezvous_order
+from kvroute.core.policy.base import Placement, rendezvous_order
 from tests.core.routing_helpers import BS, chain, make_fleet, req, serve, url
 
 CFG = CostConfig()
@@ -29,6 +29,11 @@ class FakeView:
     url_to_queue_s: dict[str, float]
     url_to_depth: dict[str, int]  # leading blocks each URL holds
     rate: float = 10_000.0
+    # leading blocks of the request that requests running on each URL also use
+    url_to_pinned: dict[str, int] = field(default_factory=dict)
+    # URLs whose cache has room: a copy there evicts nothing reused (the others' caches
+    # are full of reused blocks, so a copy there destroys hits)
+    with_room: frozenset[str] = frozenset()
     cost: CostConfig = field(default_factory=CostConfig)
     block_size: int = BS
     rng: Random = field(default_factory=lambda: Random(0))
@@ -62,6 +67,15 @@ class FakeView:
     def estimate_ttft_s(self, url: str, request: RouteRequest, cached_tokens: int) -> float:
         uncached = request.num_prompt_tokens - cached_tokens
         return self.cost.overhead_s + self.url_to_queue_s[url] + uncached / self.rate
+
+    def placement(self, url: str, request: RouteRequest, cached_tokens: int) -> Placement:
+        ttft_s = self.estimate_ttft_s(url, request, cached_tokens)
+        evicted = 0 if url in self.with_room else request.num_prompt_tokens // self.block_size
+        return Placement(ttft_s, ttft_s, evicted, evicted)
+
+    def active_blocks(self, url: str, block_hashes: Sequence[int] = ()) -> int:
+        pinned = self.url_to_pinned.get(url, 0)
+        return pinned + max(0, len(block_hashes) - pinned)
 
 
 A, B, C = url(0), url(1), url(2)
@@ -103,6 +117,31 @@ def test_holder_keeps_its_prefix_within_the_margin(
     else:
         assert decision.backend in (B, C), case
     assert decision.ranked[0] == decision.backend
+
+
+def test_a_head_running_requests_share_spreads_into_room_and_a_private_context_does_not():
+    # The 8k-token prefix of the stories above, 1.2 s of queue on its holder A. When
+    # requests running on A use the same prefix (a shared head, an app's system prompt),
+    # a copy into a cache with room spreads it and only the rest of the hit is charged:
+    # the request moves to that target. When only this request's chain holds it (its
+    # own context), or the target's cache is full of reused blocks, the copy would be a
+    # duplicate: its recompute is charged and the request stays home.
+    def decide_with(pinned: int, with_room: frozenset[str]) -> Decision:
+        view = FakeView(
+            {A: 1.2, B: 0.0, C: 0.0},
+            {A: LONG},
+            url_to_pinned={A: pinned},
+            with_room=with_room,
+        )
+        request = RouteRequest("r", None, chain((1, LONG), (2, 1)), (LONG + 1) * BS + 5, 16)
+        decision = PrefixPolicy().choose(request, view, 0.0)  # type: ignore[arg-type]
+        assert decision is not None
+        return decision
+
+    shared_into_room = decide_with(LONG, frozenset({C}))
+    assert (shared_into_room.backend, shared_into_room.reason) == (C, "load")
+    assert decide_with(0, frozenset({B, C})).reason == "prefix"  # its own context
+    assert decide_with(LONG, frozenset()).reason == "prefix"  # copies would destroy hits
 
 
 def test_a_short_shared_head_is_placed_on_cost_alone():
