@@ -142,7 +142,6 @@ class Backend:
         "draining",
         "engine",
         "epoch",
-        "foreign_kv_share",
         "foreign_requests",
         "healthy",
         "kv_cache_usage",
@@ -179,11 +178,10 @@ class Backend:
         self.block_size: int | None = None  # scraped or announced; None: the default
         self.num_gpu_blocks: int | None = None  # scraped; None: the default
         self.kv_cache_usage: float | None = None  # last scraped gauge, 0..1
-        # The engine's requests at the last scrape that ours did not explain (other
-        # routers' or clients'), and their share of its KV usage then: what of the gauge
-        # still holds once our requests of that moment have ended (observe_engine).
+        # the engine's requests at the last scrape that ours did not explain (other
+        # routers' or clients'): what of its gauges still holds once ours of that moment
+        # have ended (foreign_kv_share)
         self.foreign_requests = 0
-        self.foreign_kv_share = 1.0
         self.load = BackendLoad()
         # the keys of its open tickets (shared once): the KV our requests pin (cost.py)
         self.active_blocks = ActiveBlocks(active_blocks_stride)
@@ -219,10 +217,7 @@ class Backend:
         capacity reported): the Fleet's per-model caches and cache model follow them."""
         self.load.observe_engine(num_running, num_waiting)
         if num_running is not None or num_waiting is not None:
-            load = self.load
-            engine = (load.engine_num_running or 0) + (load.engine_num_waiting or 0)
-            self.foreign_requests = max(0, engine - load.in_flight_requests)
-            self.foreign_kv_share = self.foreign_requests / engine if engine else 0.0
+            self.foreign_requests = max(0, self._engine_requests() - self.load.in_flight_requests)
         if kv_cache_usage is not None:
             # compared, not converted: nan is 0, an int too big for a float is 1
             u = kv_cache_usage
@@ -236,13 +231,26 @@ class Backend:
             return size_changed, True
         return size_changed, False
 
+    def _engine_requests(self) -> int:
+        return (self.load.engine_num_running or 0) + (self.load.engine_num_waiting or 0)
+
+    @property
+    def foreign_kv_share(self) -> float:
+        """The share of the scraped KV usage that requests we did not send held then:
+        their share of the engine's requests at that scrape (all of it when the engine
+        reports usage without request counts)."""
+        load = self.load
+        if load.engine_num_running is None and load.engine_num_waiting is None:
+            return 1.0
+        engine = self._engine_requests()
+        return self.foreign_requests / engine if engine else 0.0
+
     def forget_engine_gauges(self) -> None:
         """A dead engine's last queue and KV usage must not count (the next scrape after
         recovery refills them)."""
         self.load.engine_num_running = self.load.engine_num_waiting = None
         self.kv_cache_usage = None
         self.foreign_requests = 0
-        self.foreign_kv_share = 1.0
 
     # -- requests ----------------------------------------------------------------------
 

@@ -141,6 +141,18 @@ def kv_free_tokens(capacity_tokens: float, held_tokens: float, foreign_tokens: f
     return capacity_tokens - held_tokens - foreign_tokens
 
 
+def kv_need_tokens(
+    num_prompt_tokens: int, cached_tokens: int, decode_tokens: int, revived_tokens: int
+) -> int:
+    """KV a request takes from the engine's free pool: its uncached tokens, its decode,
+    and the part of its hit no running request pins (``revived_tokens``, at most the hit:
+    the engine takes those blocks back out of the pool)."""
+    prompt = clamp_count(num_prompt_tokens)
+    cached = max(0, min(clamp_count(cached_tokens), prompt - 1))
+    revived = min(clamp_count(revived_tokens), cached)
+    return prompt - cached + clamp_count(decode_tokens) + revived
+
+
 def admission_wait_s(
     need_tokens: float, free_tokens: float, releases: Sequence[tuple[float, float]]
 ) -> float:
@@ -212,8 +224,7 @@ def estimate_ttft_s(
     ``evicted_hot_tokens`` (at most all) belong to the backend's working set;
     ``kv_releases``: when the requests running there are expected to end and what each
     frees, soonest first (``admission_wait_s``; without them a request that does not fit
-    waits
-    ``kv_full_wait_s``).
+    waits ``kv_full_wait_s``).
     """
     num_prompt_tokens = clamp_count(num_prompt_tokens)
     cached = max(0, min(clamp_count(cached_tokens), num_prompt_tokens - 1))
@@ -224,7 +235,7 @@ def estimate_ttft_s(
         config.min_prefill_s, work_tokens(uncached, cached, config) / prefill_tokens_per_s
     )
     eviction_s = eviction_cost_s(evicted_tokens, evicted_hot_tokens, prefill_tokens_per_s, config)
-    need = uncached + decode_tokens + min(clamp_count(revived_tokens), cached)
+    need = kv_need_tokens(num_prompt_tokens, cached, decode_tokens, revived_tokens)
     if need <= kv_free_tokens:
         wait_s = 0.0
     elif kv_releases:

@@ -23,6 +23,7 @@ from kvroute.core.cost import (
     evicted_hot_blocks,
     eviction_cost_s,
     kv_free_tokens,
+    kv_need_tokens,
 )
 from kvroute.core.event_model import EventCacheModel
 from kvroute.core.index import PrefixIndex
@@ -265,7 +266,9 @@ class RequestView:
             keys = request.block_hashes
             pinned = (len(keys) - active.num_new(keys)) * bs if prompts else 0
             revived = max(0, cached_tokens - pinned)
-            need = request.num_prompt_tokens - cached_tokens + revived + request.max_tokens
+            need = kv_need_tokens(
+                request.num_prompt_tokens, cached_tokens, request.max_tokens, revived
+            )
             if need > kv_free:
                 releases = self._kv_releases(b, bs, foreign)
 
