@@ -25,3 +25,11 @@ def test_a_long_prompt_is_tokenized_in_slices_with_the_same_ids() -> None:
     text = "the quick brown fox, 12345 jumps\n\n over  the lazy dog. " * 5_000  # 285K chars
     one_pass = [tok._piece_id(p) for p in tok._PIECE.findall(text)]
     assert tok.Tokenizer().encode(text) == one_pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=TEXT, slice_chars=st.integers(1, 12))
+def test_count_equals_the_number_of_ids(text: str, slice_chars: int) -> None:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(tok, "_SLICE_CHARS", slice_chars)
+        assert tok.Tokenizer().count(text) == len(tok.Tokenizer().encode(text))
