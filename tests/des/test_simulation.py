@@ -60,6 +60,18 @@ def test_fast_forward_gives_exactly_what_stepping_gives(workload: str, router: s
     assert fast.result["simulation"]["engine_steps"] == stepped.result["simulation"]["engine_steps"]
 
 
+@pytest.mark.parametrize("workload", ["ranvier-stress", "multiturn"])
+def test_scrapes_inside_a_fast_forward_read_it_without_cutting_it(workload: str) -> None:
+    # the llm-d model scrapes every 50 ms, so most scrapes land inside runs of decodes
+    stepped = simulate("llm-d", workload, fast_forward=False, num_requests=60)
+    fast = simulate("llm-d", workload, num_requests=60)
+    assert canonical(fast) == canonical(stepped)
+    steps = fast.result["simulation"]["engine_steps"]
+    assert steps == stepped.result["simulation"]["engine_steps"]
+    # spans run whole: far fewer of them than the 50-ms scrapes that fell inside them
+    assert 0 < fast.result["simulation"]["fast_forwards"] < steps / 8
+
+
 @pytest.mark.parametrize("seed", [1, 2])
 def test_fast_forward_equals_stepping_under_an_open_loop_with_a_tight_cache(seed: int) -> None:
     args = {"workload": "gsp", "seed": seed, "num_requests": 100, "mode": "open", "rates": (6.0,)}

@@ -9,7 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvroute.engine import Engine
-from kvroute.engine.fast_forward import advance_decodes, decode_batch, decode_span
+from kvroute.engine.fast_forward import (
+    advance_decodes,
+    decode_batch,
+    decode_span,
+    decode_span_blocks,
+    stats_after,
+)
 from kvroute.engine.step_time import StepTimeModel, StepWork
 
 from .helpers import make_profile
@@ -66,12 +72,15 @@ def test_fast_forward_equals_stepping(
     for _ in range(warm_steps + 1):  # prefill; then perhaps some decodes
         a.step()
         b.step()
-    durations = decode_span(a, want)
-    assert len(durations) <= want
+    durations, taken = decode_span_blocks(a, want)
+    assert durations == decode_span(a, want) and len(taken) == len(durations) <= want
     if not durations:
         assert decode_batch(a) == 0 or want < 1 or _some_request_ends_or_blocks_run_out(a)
         return
-    stepped = [b.step() for _ in durations]
+    stepped = []
+    for k in range(len(durations)):  # the stats k steps in, read without stepping
+        stepped.append(b.step())
+        assert stats_after(a, taken[k]) == b.stats
     advance_decodes(a, len(durations))
     assert [r.duration_s for r in stepped] == durations
     assert all(r.num_prefill_tokens == 0 and not any(o.finish_reason for o in r.outputs)

@@ -59,9 +59,11 @@ class LoadOrder:
         self, url: str, models: frozenset[str], tokens: int, weight: float, tiebreak: int
     ) -> None:
         """Place ``url`` (again) with ``tokens`` in flight."""
-        self.discard(url)
         key = (tokens / weight, tiebreak, url)
         groups = groups_of(models)
+        if self.url_to_entry.get(url) == (key, groups, tokens, weight):
+            return  # already there (a scrape that moved no count): nothing to move
+        self.discard(url)
         for g in groups:
             insort(self.group_to_keys.setdefault(g, []), key)
         self.url_to_entry[url] = (key, groups, tokens, weight)

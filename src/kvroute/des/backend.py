@@ -8,10 +8,12 @@ nothing to do schedules nothing; a request that arrives wakes it at once.
 Decode fast-forward (engine/fast_forward.py): when the next steps are decode-only, the
 engine schedules one event at the end of the whole run of them instead of one per step.
 Nobody needs those steps one by one: their tokens only extend each stream (their times
-are known in advance), and no request starts or ends among them. Whatever looks at the
-engine earlier (a request arriving, a metrics scrape) first calls ``catch_up``, which
-applies the steps that have started by then, so it sees exactly the state stepping
-would have shown. The result equals step-by-step simulation (tests/des/).
+are known in advance), and no request starts or ends among them. A request arriving
+earlier first calls ``catch_up``, which applies the steps that have started by then, so
+it meets exactly the state stepping would have left; a metrics scrape reads that state
+without applying anything (only the KV usage moves inside a run: ``stats_after``), so a
+router that scrapes every 50 ms does not cut every run into pieces. The result equals
+step-by-step simulation (tests/des/).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Protocol
 from kvroute.common.kv_events import KvEvent
 from kvroute.des.events import STEP, EventQueue
 from kvroute.engine.engine import Engine, EngineStats, TokenOutput
-from kvroute.engine.fast_forward import advance_decodes, decode_span
+from kvroute.engine.fast_forward import advance_decodes, decode_span_blocks, stats_after
 
 # decode steps taken in one fast-forward at most: a run is usually cut sooner (a request
 # arrives), and the durations of steps never taken are wasted work; a longer run is
@@ -55,6 +57,7 @@ class _Span:
 
     starts: list[float]
     end: float
+    taken: list[int]  # free blocks steps 0..i take together
 
 
 class SimBackend:
@@ -105,9 +108,18 @@ class SimBackend:
         self.add_request(at, *arg)
 
     def stats(self, at: float) -> EngineStats:
-        """The engine's gauges and counters as at ``at``."""
-        self.catch_up(at)
-        return self.engine.stats
+        """The engine's gauges and counters as at ``at``. Inside a fast-forward they are
+        computed, not stepped to: a scrape every 50 ms (the llm-d model's) would otherwise
+        cut every run of decode steps into pieces."""
+        span = self._span
+        if span is None:
+            return self.engine.stats
+        return stats_after(self.engine, span.taken[self._num_started(span, at) - 1])
+
+    @staticmethod
+    def _num_started(span: _Span, at: float) -> int:
+        """Steps of ``span`` started before ``at`` (the first started with the span)."""
+        return max(1, bisect.bisect_left(span.starts, at))
 
     def catch_up(self, at: float) -> None:
         """Apply the fast-forwarded steps that started before ``at``; the one in
@@ -115,7 +127,7 @@ class SimBackend:
         span = self._span
         if span is None:
             return
-        done = max(1, bisect.bisect_left(span.starts, at))  # the first started at once
+        done = self._num_started(span, at)
         self._apply_span(span, done)
         end = span.starts[done] if done < len(span.starts) else span.end
         self._version += 1
@@ -152,7 +164,7 @@ class SimBackend:
             self._busy = False
             return
         if self._fast_forward:
-            durations = decode_span(engine, MAX_SPAN_STEPS)
+            durations, taken = decode_span_blocks(engine, MAX_SPAN_STEPS)
             if len(durations) >= MIN_SPAN_STEPS:
                 starts = [at]
                 t = at
@@ -160,7 +172,7 @@ class SimBackend:
                     t += d
                     starts.append(t)
                 end = starts.pop()
-                self._span = _Span(starts, end)
+                self._span = _Span(starts, end, taken)
                 self.num_spans += 1
                 self._queue.push(end, STEP, self._on_step, self._version)
                 return

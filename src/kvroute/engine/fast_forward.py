@@ -18,7 +18,9 @@ the same terms) and tested (tests/engine/test_fast_forward.py, tests/des/).
 
 from __future__ import annotations
 
-from kvroute.engine.engine import Engine
+from dataclasses import replace
+
+from kvroute.engine.engine import Engine, EngineStats
 
 
 def decode_batch(engine: Engine) -> int:
@@ -45,9 +47,16 @@ def decode_span(engine: Engine, max_steps: int) -> list[float]:
     """Durations (engine seconds) of the decode-only steps ahead, at most ``max_steps``,
     that neither finish a request nor need more blocks than are free; [] when the next
     step is not decode-only (``decode_batch``). Reads the engine, changes nothing."""
+    return decode_span_blocks(engine, max_steps)[0]
+
+
+def decode_span_blocks(engine: Engine, max_steps: int) -> tuple[list[float], list[int]]:
+    """``decode_span``'s durations, and the blocks the steps take: element j is how many
+    free blocks steps 0..j take together (``stats_after`` reads the engine's KV usage
+    inside the span from it, without applying a step)."""
     batch = decode_batch(engine)
     if not batch or max_steps < 1:
-        return []
+        return [], []
     running = engine.scheduler.running
     limit = engine.profile.max_model_len
     bs = engine.block_manager.block_size
@@ -64,13 +73,27 @@ def decode_span(engine: Engine, max_steps: int) -> list[float]:
         first = (-(n - 1)) % bs  # first step j with (n - 1 + j) % bs == 0
         need_at[first] += 1
     free = engine.block_manager.num_free_blocks
-    num_steps = 0
+    taken: list[int] = []
+    total = 0
     for j in range(max(0, steps)):
-        free -= need_at[j % bs]
-        if free < 0:
+        total += need_at[j % bs]
+        if total > free:
             break
-        num_steps += 1
-    return engine.step_time.decode_durations_s(ctx, batch, num_steps)
+        taken.append(total)
+    return engine.step_time.decode_durations_s(ctx, batch, len(taken)), taken
+
+
+def stats_after(engine: Engine, blocks_taken: int) -> EngineStats:
+    """The engine's stats once the first steps of a decode span have run, ``blocks_taken``
+    being what they took (``decode_span_blocks``): such steps change only the KV usage
+    (no request starts, ends or waits, nothing is looked up), so this equals ``stats``
+    after ``advance_decodes`` of them, without applying them."""
+    stats = engine.stats
+    if not blocks_taken:
+        return stats
+    bm = engine.block_manager
+    used = bm.num_used_blocks + blocks_taken  # the integer ``usage`` divides, so equal bits
+    return replace(stats, kv_cache_usage=used / bm.num_blocks)
 
 
 def advance_decodes(engine: Engine, num_steps: int) -> None:
