@@ -9,8 +9,10 @@ times (``--workload-arg tile=N``: independent copies, load x N), so every fleet 
 the same traffic per replica. Cells are mean over seeds with the range; hit rates are
 the engines' counters, also as a share of the pooled-LRU and Belady ceilings. The best
 hit rate and P99 of each (workload, size) are marked. Results are appended to
-``cells.jsonl`` as they come (a long run keeps what it finished); ``table.md`` is
-rewritten after each (workload, size).
+``cells.jsonl`` as they come (a long run keeps what it finished, and a rerun with the
+same ``--out`` only runs the cells missing there); ``table.md`` is rewritten after each.
+``--jobs N`` runs N cells at once, one process each (a cell is one simulation, a core's
+work; the cells do not depend on each other, so the figures are the same).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import json
 import statistics
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +76,14 @@ def run_cell(
             "wall_s": speed.wall_s, **{k: r.get(k) for k in keys}}  # fmt: skip
 
 
+def _timed_cell(
+    workload: str, size: int, router: str, seed: int, duration_s: float | None
+) -> tuple[dict[str, Any], float]:
+    t0 = time.perf_counter()
+    cell = run_cell(workload, size, router, seed, duration_s)
+    return cell, time.perf_counter() - t0
+
+
 def _mean(cells: list[dict[str, Any]], key: str) -> tuple[float, float, float]:
     xs = [c[key] or 0.0 for c in cells]
     return statistics.mean(xs), min(xs), max(xs)
@@ -119,6 +130,7 @@ def main() -> int:
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--duration", type=float, help="engine seconds of every duration-bound workload")
     p.add_argument("--out", default="runs/table")
+    p.add_argument("--jobs", type=int, default=1, help="cells run at once (one per core)")
     args = p.parse_args()
     routers = args.routers.split(",")
     for router in routers:
@@ -128,24 +140,28 @@ def main() -> int:
     log = out / "cells.jsonl"
     cells = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
     done = {(c["workload"], c["size"], c["router"], c["seed"]) for c in cells}
-    for size in [int(x) for x in args.sizes.split(",")]:
-        for workload in args.workloads.split(","):
-            for seed in range(args.seeds):
-                for router in routers:
-                    if (workload, size, router, seed) in done:
-                        continue
-                    t0 = time.perf_counter()
-                    cell = run_cell(workload, size, router, seed, args.duration)
-                    cells.append(cell)
-                    with log.open("a") as f:
-                        f.write(json.dumps(cell) + "\n")
-                    took_s = time.perf_counter() - t0
-                    print(f"{workload:<15} {size:>5} {router:<20} seed {seed}: hit "
-                          f"{100 * (cell['engine_prefix_hit_rate'] or 0):5.1f} %  P99 "
-                          f"{cell['p99_ttft_ms'] or 0:9,.0f} ms  ({took_s:.0f} s)",
-                          file=sys.stderr, flush=True)  # fmt: skip
-            (out / "table.md").write_text(format_table(cells) + "\n")
-    print(format_table(cells))
+    tasks = [(workload, int(size), router, seed)
+             for size in args.sizes.split(",") for workload in args.workloads.split(",")
+             for seed in range(args.seeds) for router in routers
+             if (workload, int(size), router, seed) not in done]  # fmt: skip
+    order = {t: i for i, t in enumerate(tasks)}
+
+    def rank(c: dict[str, Any]) -> int:  # rows in the order asked for, whatever ran first
+        return order.get((c["workload"], c["size"], c["router"], c["seed"]), -1)
+
+    with ProcessPoolExecutor(args.jobs) as pool:  # cells are independent and deterministic
+        started = {pool.submit(_timed_cell, *t, args.duration): t for t in tasks}
+        for future in as_completed(started):
+            cell, took_s = future.result()
+            cells.append(cell)
+            with log.open("a") as f:
+                f.write(json.dumps(cell) + "\n")
+            print(f"{cell['workload']:<15} {cell['size']:>5} {cell['router']:<20} seed "
+                  f"{cell['seed']}: hit {100 * (cell['engine_prefix_hit_rate'] or 0):5.1f} %  "
+                  f"P99 {cell['p99_ttft_ms'] or 0:9,.0f} ms  ({took_s:.0f} s)",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            (out / "table.md").write_text(format_table(sorted(cells, key=rank)) + "\n")
+    print(format_table(sorted(cells, key=rank)))
     return 0
 
 
