@@ -4,12 +4,15 @@ indexers (its own TTL record of decisions; the engines' KV events in exact mode)
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, OrderedDict
 from random import Random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvroute.core.fleet import Fleet
 from kvroute.core.policy import Decision, Reason
-from kvroute.core.policy.dynamo import softmax_pick
+from kvroute.core.policy.dynamo import PredictedBlocks, softmax_pick
 from tests.exact import helpers as ex
 
 from .routing_helpers import chain, make_fleet, req, serve, url
@@ -152,3 +155,71 @@ def test_exact_mode_reads_the_engines_kv_events_and_keeps_no_record_of_its_own()
     d = fleet.route(ex.request("a", ids), 1.0)
     assert d is not None and (d.backend, d.reason) == (ex.url(1), Reason.PREFIX)
     assert fleet.policy.predicted.size == 0  # type: ignore[attr-defined]
+
+
+class _ScanIndexer:
+    """The approximate indexer as a plain scan over the workers: the reference."""
+
+    def __init__(self, ttl_s: float, max_blocks: int, prune_ratio: float) -> None:
+        self.ttl_s, self.max_blocks, self.prune_ratio = ttl_s, max_blocks, prune_ratio
+        self.url_to_keys: dict[str, OrderedDict[int, float]] = {}
+        self.size = 0
+
+    def expire(self, now: float) -> None:
+        for keys in self.url_to_keys.values():
+            while keys and next(iter(keys.values())) <= now:
+                keys.popitem(last=False)
+                self.size -= 1
+
+    def insert(self, url: str, hashes: list[int], now: float) -> None:
+        keys = self.url_to_keys.setdefault(url, OrderedDict())
+        for h in reversed(hashes):
+            if h in keys:
+                keys.move_to_end(h)
+            else:
+                self.size += 1
+            keys[h] = now + self.ttl_s
+        target = int(self.max_blocks * self.prune_ratio)
+        if self.size > self.max_blocks:
+            while self.size > target:
+                u = min((u for u, k in self.url_to_keys.items() if k),
+                        key=lambda u: next(iter(self.url_to_keys[u].values())))  # fmt: skip
+                self.url_to_keys[u].popitem(last=False)
+                self.size -= 1
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(st.integers(0, 4), st.integers(0, 5), st.integers(1, 6), st.integers(0, 3)),
+        max_size=60,
+    ),
+    max_blocks=st.integers(3, 30),
+    ratio=st.sampled_from([0.0, 0.5, 0.8, 1.0]),
+)
+def test_the_heap_of_fronts_expires_and_prunes_exactly_as_a_scan(
+    ops: list[tuple[int, int, int, int]], max_blocks: int, ratio: float
+) -> None:
+    fast = PredictedBlocks(10.0, max_blocks, ratio)
+    scan = _ScanIndexer(10.0, max_blocks, ratio)
+    now = 0.0
+    for worker, prefix, length, step in ops:
+        now += step * 2.5  # equal expiries on several workers happen (ties by worker order)
+        fast.expire(now)
+        scan.expire(now)
+        blocks = chain((prefix, length))
+        fast.insert(f"w{worker}", blocks, now)
+        scan.insert(f"w{worker}", blocks, now)
+        assert fast.size == scan.size
+        assert {u: list(k.items()) for u, k in fast.url_to_keys.items()} == {
+            u: list(k.items()) for u, k in scan.url_to_keys.items()
+        }
+        fast.check_invariants()
+        for w in range(5):  # the binary search finds what a walk from the root finds
+            for p in range(6):
+                walk = 0
+                for h in chain((p, 6)):
+                    if h not in scan.url_to_keys.get(f"w{w}", {}):
+                        break
+                    walk += 1
+                assert fast.matched(f"w{w}", chain((p, 6))) == walk

@@ -145,6 +145,8 @@ class ActiveBlocks:
     def num_new(self, keys: Sequence[int]) -> int:
         """How many blocks of ``keys`` (a chain) no in-flight request holds (to within
         stride - 1)."""
+        if not self.key_to_count:
+            return len(keys)  # nothing in flight (most of a big idle fleet)
         if self.stride == 1:
             return len(keys) - leading_in(keys, self.key_to_count)
         kept = keys[:: self.stride]
@@ -248,8 +250,16 @@ class BackendLoad:
     @property
     def in_flight_tokens(self) -> int:
         """Queued prefill tokens plus decode tokens still to come (merged as above)."""
+        return self._in_flight_tokens(self.queued_prefill_tokens)
+
+    def _in_flight_tokens(self, queued_prefill_tokens: int) -> int:
         engine_decode = int((self.engine_num_running or 0) * self.mean_decode_tokens)
-        return self.queued_prefill_tokens + max(self.decode_tokens, engine_decode)
+        return queued_prefill_tokens + max(self.decode_tokens, engine_decode)
+
+    def merged(self) -> tuple[int, int, int]:
+        """(``requests``, ``in_flight_tokens``, ``queued_prefill_tokens``) in one go."""
+        queued = self.queued_prefill_tokens
+        return self.requests, self._in_flight_tokens(queued), queued
 
     def check_invariants(self) -> None:
         assert self.in_flight_requests >= 0, "load: in_flight_requests < 0"

@@ -132,12 +132,8 @@ class RequestView:
 
     def load(self, url: str) -> LoadView:
         b = self._get(url)
-        return LoadView(
-            in_flight_requests=b.load.requests,
-            in_flight_tokens=b.load.in_flight_tokens,
-            queued_prefill_tokens=b.load.queued_prefill_tokens,
-            weight=b.weight,
-        )
+        requests, tokens, queued = b.load.merged()
+        return LoadView(requests, tokens, queued, b.weight)
 
     def engine_gauges(self, url: str) -> EngineGauges:
         b = self._get(url)
