@@ -121,3 +121,22 @@ def test_send_signal_reaches_the_child_alone(tmp_path: Path) -> None:
     assert not _gone(grand), "the rest of its group was not signalled"
     proc.stop_sync()  # the group goes now
     assert _until(lambda: _gone(grand))
+
+
+def test_fixed_port_ranges_avoid_the_kernels_ephemeral_ports(monkeypatch, tmp_path) -> None:
+    from kvroute.bench import procs
+
+    real = procs.Path
+
+    def fake_path(p: str):  # only the kernel's range file is faked
+        if p == "/proc/sys/net/ipv4/ip_local_port_range":
+            f = tmp_path / "range"
+            f.write_text("32768\t60999\n")
+            return f
+        return real(p)
+
+    monkeypatch.setattr(procs, "Path", fake_path)
+    base = procs.free_port_range(24)
+    assert base >= 21000 and base + 24 <= 32768  # below the ephemeral range
+    # a window inside the ephemeral range is kept as asked (nothing outside it)
+    assert 40000 <= procs.free_port_range(8, 40000, 60000) < 60000

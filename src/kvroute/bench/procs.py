@@ -111,7 +111,11 @@ def free_port() -> int:
 
 
 def free_port_range(n: int, start: int = 21000, stop: int = 60000) -> int:
-    """A base port P with P..P+n-1 all free on loopback."""
+    """A base port P with P..P+n-1 all free on loopback, outside the kernel's ephemeral
+    range where [start, stop) leaves room: ports chosen now are bound later (and bound
+    again after a restart), and any outgoing connection may take an ephemeral port in
+    between (a chaos run once lost a simulator to that: "Address already in use")."""
+    start, stop = _outside_ephemeral(start, stop, n)
     base = start + (os.getpid() * 97) % (stop - start - n)
     for _ in range(200):
         socks = []
@@ -127,6 +131,19 @@ def free_port_range(n: int, start: int = 21000, stop: int = 60000) -> int:
             for s in socks:
                 s.close()
     raise RuntimeError(f"no range of {n} free ports found")
+
+
+def _outside_ephemeral(start: int, stop: int, n: int) -> tuple[int, int]:
+    """The widest part of [start, stop) outside ``ip_local_port_range`` with room for
+    more than ``n`` ports, else [start, stop) itself."""
+    try:
+        text = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text()
+        low, high = (int(x) for x in text.split())
+    except (OSError, ValueError):
+        return start, stop  # not Linux, or unreadable: any port may be ephemeral
+    parts = [(start, min(stop, low)), (max(start, high + 1), stop)]
+    part = max(parts, key=lambda p: p[1] - p[0])
+    return part if part[1] - part[0] > n else (start, stop)
 
 
 def router_command(
