@@ -26,7 +26,7 @@ from typing import Protocol
 from kvroute.common.kv_events import KvEvent
 from kvroute.des.events import STEP, EventQueue
 from kvroute.engine.engine import Engine, EngineStats, TokenOutput
-from kvroute.engine.fast_forward import advance_decodes, decode_span_blocks, stats_after
+from kvroute.engine.fast_forward import advance_decodes, decode_span, stats_after
 
 # decode steps taken in one fast-forward at most: a run is usually cut sooner (a request
 # arrives), and the durations of steps never taken are wasted work; a longer run is
@@ -164,7 +164,7 @@ class SimBackend:
             self._busy = False
             return
         if self._fast_forward:
-            durations, taken = decode_span_blocks(engine, MAX_SPAN_STEPS)
+            durations, taken = decode_span(engine, MAX_SPAN_STEPS)
             if len(durations) >= MIN_SPAN_STEPS:
                 starts = [at]
                 t = at

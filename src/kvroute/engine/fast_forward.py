@@ -43,17 +43,12 @@ def decode_batch(engine: Engine) -> int:
     return len(running)
 
 
-def decode_span(engine: Engine, max_steps: int) -> list[float]:
+def decode_span(engine: Engine, max_steps: int) -> tuple[list[float], list[int]]:
     """Durations (engine seconds) of the decode-only steps ahead, at most ``max_steps``,
-    that neither finish a request nor need more blocks than are free; [] when the next
-    step is not decode-only (``decode_batch``). Reads the engine, changes nothing."""
-    return decode_span_blocks(engine, max_steps)[0]
-
-
-def decode_span_blocks(engine: Engine, max_steps: int) -> tuple[list[float], list[int]]:
-    """``decode_span``'s durations, and the blocks the steps take: element j is how many
-    free blocks steps 0..j take together (``stats_after`` reads the engine's KV usage
-    inside the span from it, without applying a step)."""
+    that neither finish a request nor need more blocks than are free, and the blocks they
+    take: element j of the second list is how many free blocks steps 0..j take together
+    (``stats_after`` reads the engine's KV usage inside the span from it). ([], []) when
+    the next step is not decode-only (``decode_batch``). Reads the engine, changes nothing."""
     batch = decode_batch(engine)
     if not batch or max_steps < 1:
         return [], []
@@ -85,7 +80,7 @@ def decode_span_blocks(engine: Engine, max_steps: int) -> tuple[list[float], lis
 
 def stats_after(engine: Engine, blocks_taken: int) -> EngineStats:
     """The engine's stats once the first steps of a decode span have run, ``blocks_taken``
-    being what they took (``decode_span_blocks``): such steps change only the KV usage
+    being what they took (``decode_span``): such steps change only the KV usage
     (no request starts, ends or waits, nothing is looked up), so this equals ``stats``
     after ``advance_decodes`` of them, without applying them."""
     stats = engine.stats

@@ -200,16 +200,18 @@ class DynamoPolicy(Policy):
 
     def __init__(self, params: DynamoParams | None = None, *, rng: Random | None = None) -> None:
         self.p = params or DynamoParams()
+        self._has_busy_thresholds = (
+            self.p.active_prefill_tokens_threshold is not None
+            or self.p.active_decode_blocks_threshold is not None
+        )
         self._rng = rng  # tests; else the fleet's
         self.predicted = PredictedBlocks(
             self.p.router_ttl_secs, self.p.router_max_tree_size, self.p.router_prune_target_ratio
         )
 
     def choose(self, request: RouteRequest, view: FleetView, now: float) -> Decision | None:
-        p = self.p
-        thresholds = (p.active_prefill_tokens_threshold, p.active_decode_blocks_threshold)
         urls = list(view.candidates())
-        if thresholds != (None, None):  # off by default: then nobody is busy
+        if self._has_busy_thresholds:  # off by default: then nobody is busy
             urls = [u for u in urls if not self._is_busy(u, view)]
         if not urls:
             return None
