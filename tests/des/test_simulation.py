@@ -3,6 +3,7 @@ stepping, deterministic (also across PYTHONHASHSEED), ceilings that bound every 
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -187,3 +188,15 @@ def test_a_peer_model_scrapes_the_engines_as_its_router_does() -> None:
     kvroute = SimRouter(parse_router("kvroute"), urls, "m")
     assert kvroute.scrape_interval_s == kvroute.config.health.scrape_interval_s == 2.0
     assert SimRouter(parse_router("kvroute:llm-d-no-hit-lru"), urls, "m").scrape_interval_s == 0.05
+
+
+def test_thousands_of_sessions_due_at_one_instant_start_without_recursing() -> None:
+    # rate inf: every session is due at the run's first instant, and each starts the next
+    # from inside the scheduler; one frame per session would pass Python's recursion limit
+    n = sys.getrecursionlimit() + 500
+    bench = simulate(
+        "round_robin", "gsp", mode="open", rates=(math.inf,), max_concurrency=None, num_requests=n
+    )
+    measured = [r for r in bench.records if not r.warmup]
+    assert len(measured) == n and all(r.ok for r in measured)
+    assert sum(r.start_s == measured[0].start_s for r in measured) > sys.getrecursionlimit()

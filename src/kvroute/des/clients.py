@@ -89,6 +89,8 @@ class VirtualClients:
         self.end: float | None = None  # when its last process ended
         self._deadline = math.inf
         self._on_end: Then = lambda _at: None
+        self._due: deque[float] = deque()  # the scheduler's pending turns (_schedule_next)
+        self._scheduling = False
 
     # -- phases ----------------------------------------------------------------------
 
@@ -235,7 +237,24 @@ class VirtualClients:
     # -- open loop and trace -----------------------------------------------------------
 
     def _schedule_next(self, at: float) -> None:
-        """The scheduler: the next session at its offset, once a slot is free."""
+        """The scheduler: the next session at its offset, once a slot is free.
+
+        A session that is already due starts at once and asks for the next one from
+        inside this call; the request waits in ``_due`` for the loop below instead of
+        recursing, so a backlog (thousands of sessions due at one instant on a tiled
+        fleet) does not exhaust the stack. The order of events is the recursion's: the
+        request is always the last thing the started session does."""
+        self._due.append(at)
+        if self._scheduling:
+            return
+        self._scheduling = True
+        try:
+            while self._due:
+                self._schedule_one(self._due.popleft())
+        finally:
+            self._scheduling = False
+
+    def _schedule_one(self, at: float) -> None:
         bound = self._load.num_requests
         item = next(self._timed, None)
         if item is None or (bound is not None and self._scheduled >= bound):
