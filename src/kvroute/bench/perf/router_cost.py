@@ -14,9 +14,11 @@ noisy: every target gets a turn in every round, and the table shows medians):
   mode and, when ``--tokenizer DIR`` (a ``tokenizer.json``) is given or the tiny model of
   ``scripts/real_vllm/setup.sh`` is present, in exact mode with that tokenizer.
 
-Both also run two floors (``--no-floors`` skips them): ``kvroute.bench.perf.bare_proxy``,
-an aiohttp proxy that does nothing but forward (what any aiohttp router pays), and, in
-the cpu table, kvroute with ``round_robin`` (every step but the placement choice).
+Both also run floors (``--no-floors`` skips them): ``kvroute.bench.perf.bare_proxy``,
+an aiohttp proxy that does nothing but forward (what any aiohttp router pays); in the
+overhead table the same proxy on granian's Rust server (``bare_proxy_rsgi``, when granian
+is installed); in the cpu table, kvroute with ``round_robin`` (every step but the
+placement choice).
 
 Client, routers and backends share the machine's cores, as they would on one host;
 compare rows with each other, not with other machines.
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import shutil
 import statistics
 import sys
@@ -48,14 +51,17 @@ SHORT = [("/v1/completions", b'{"model":"m","prompt":"You are a helpful assistan
           b'briefly: what is prefix caching?","max_tokens":1}')]  # fmt: skip
 TINY_MODEL = Path(".venv-vllm/models/tiny")
 FLOOR = "aiohttp floor (bare proxy)"  # kvroute.bench.perf.bare_proxy: no routing at all
+RSGI_FLOOR = "granian floor (bare proxy)"  # the same on granian's server (bare_proxy_rsgi)
 
 
 @contextlib.contextmanager
-def bare_proxy(backends: list[str], logs: Path) -> Iterator[tuple[str, int]]:
-    """``kvroute.bench.perf.bare_proxy`` (aiohttp, nothing else): (its URL, its pid)."""
+def bare_proxy(
+    backends: list[str], logs: Path, module: str = "bare_proxy"
+) -> Iterator[tuple[str, int]]:
+    """``kvroute.bench.perf.<module>`` (a proxy and nothing else): (its URL, its pid)."""
     port = free_port()
-    cmd = [sys.executable, "-m", "kvroute.bench.perf.bare_proxy", str(port), *backends]
-    with child("bare-proxy", cmd, logs) as proc:
+    cmd = [sys.executable, "-m", f"kvroute.bench.perf.{module}", str(port), *backends]
+    with child(module.replace("_", "-"), cmd, logs) as proc:
         url = f"http://127.0.0.1:{port}"
         proc.wait_ready_sync([url + "/health"], 30)
         assert proc.pid is not None
@@ -78,7 +84,13 @@ def run_overhead(args: argparse.Namespace, logs: Path) -> None:
         targets = {"direct": backend}
         url, _ = stack.enter_context(router([backend], 1, args.policy, logs))
         targets["kvroute"] = url
-        targets[FLOOR] = stack.enter_context(bare_proxy([backend], logs))[0]
+        if args.floors:
+            targets[FLOOR] = stack.enter_context(bare_proxy([backend], logs))[0]
+            if importlib.util.find_spec("granian") is not None:
+                proxy = bare_proxy([backend], logs, "bare_proxy_rsgi")
+                targets[RSGI_FLOOR] = stack.enter_context(proxy)[0]
+            else:
+                print(f"  skipping {RSGI_FLOOR}: pip install granian", file=sys.stderr)
         for name in args.peers:
             try:
                 targets[name] = stack.enter_context(peer(name, backend, logs))
@@ -170,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policy", default="prefix", help="kvroute's policy")
     ap.add_argument("--modes", default="approximate,exact", help="for the cpu measurement")
     ap.add_argument("--no-floors", dest="floors", action="store_false",
-                    help="skip the bare aiohttp proxy and kvroute round_robin rows")  # fmt: skip
+                    help="skip the bare proxies and kvroute round_robin rows")  # fmt: skip
     ap.add_argument("--skip-overhead", action="store_true")
     ap.add_argument("--skip-cpu", action="store_true")
     args = ap.parse_args(argv)
