@@ -134,3 +134,17 @@ def test_no_events_unless_enabled() -> None:
 def test_bad_sizes() -> None:
     with pytest.raises(ValueError):
         BlockManager(0, 16)
+
+
+def test_blocks_are_made_when_first_handed_out_and_fresh_ones_go_first(bm: BlockManager) -> None:
+    assert bm.blocks == [] and bm.num_free_blocks == 10 and bm.num_used_blocks == 0
+    a = make_request("a", tokens(0, 40))
+    admit(bm, a)
+    assert [b.block_id for b in bm.blocks] == [0, 1, 2]  # only what a holds exists
+    bm.free(a)  # tail first to the queue's end, behind the never-used blocks
+    assert bm.free_block_ids() == [3, 4, 5, 6, 7, 8, 9, 2, 1, 0]
+    b = make_request("b", tokens(1000, 16 * 9))  # nine blocks: the seven fresh, then 2, 1
+    admit(bm, b)
+    assert b.block_table == [3, 4, 5, 6, 7, 8, 9, 2, 1]
+    assert bm.free_block_ids() == [0] and len(bm.blocks) == 10
+    bm.check_invariants([b.block_table])

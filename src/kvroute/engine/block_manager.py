@@ -46,6 +46,13 @@ class BlockManager:
       a block recomputed while its hash is already cached stays unhashed);
     - a cached block keeps its hash while free and loses it only when handed out again
       (lazy eviction), which emits ``BlockRemoved``.
+
+    Blocks never handed out yet are not made until they are (``blocks`` holds ids
+    ``0..len(blocks)-1``): they sit at the front of the free queue in id order, as in a
+    fresh vLLM pool, so the next ones taken are ``len(blocks)``, ``len(blocks) + 1``, ...
+    and the queue is those, then ``_free`` (freed blocks). A fleet of large caches
+    (1,024 engines of 27,500 blocks) then costs memory for what it has used, not for
+    what it could hold.
     """
 
     def __init__(self, num_blocks: int, block_size: int, *, enable_events: bool = False):
@@ -53,8 +60,8 @@ class BlockManager:
             raise ValueError("num_blocks and block_size must be >= 1")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.blocks = [KVBlock(i) for i in range(num_blocks)]
-        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self.blocks: list[KVBlock] = []  # those handed out at least once (class doc)
+        self._free: OrderedDict[int, None] = OrderedDict()  # freed blocks, queue order
         self._hash_to_block: dict[int, int] = {}
         self._enable_events = enable_events
         self._events: list[KvEvent] = []
@@ -63,11 +70,11 @@ class BlockManager:
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        return len(self._free) + self.num_blocks - len(self.blocks)
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self._free)
+        return len(self.blocks) - len(self._free)
 
     @property
     def usage(self) -> float:
@@ -76,7 +83,7 @@ class BlockManager:
 
     def free_block_ids(self) -> list[int]:
         """Free blocks in eviction order (first = next to be reused)."""
-        return list(self._free)
+        return [*range(len(self.blocks), self.num_blocks), *self._free]
 
     def cached_block(self, block_hash: int) -> int | None:
         """The block carrying ``block_hash``, or None when it is not cached."""
@@ -110,7 +117,7 @@ class BlockManager:
         num_needed = -(-total // self.block_size) - len(hit.block_ids)
         blocks = self.blocks
         num_revived = sum(1 for b in hit.block_ids if blocks[b].ref_cnt == 0)
-        if num_needed + num_revived > len(self._free):
+        if num_needed + num_revived > self.num_free_blocks:
             return False
         for block_id in hit.block_ids:
             block = blocks[block_id]
@@ -130,7 +137,7 @@ class BlockManager:
         if total <= len(req.block_table) * bs and total < (req.num_cached_blocks + 1) * bs:
             return True  # fast path (most decodes): room in the last block, nothing fills
         num_needed = -(-total // bs) - len(req.block_table)
-        if num_needed > len(self._free):
+        if num_needed > self.num_free_blocks:
             return False
         req.block_table += self._new_blocks(num_needed)
         if total >= (req.num_cached_blocks + 1) * bs:
@@ -171,7 +178,11 @@ class BlockManager:
         eviction), in queue order."""
         pop, blocks, hash_to_block = self._free.popitem, self.blocks, self._hash_to_block
         taken = []
-        for _ in range(count):
+        fresh = min(count, self.num_blocks - len(blocks))  # never used: first in the queue
+        for block_id in range(len(blocks), len(blocks) + fresh):
+            blocks.append(KVBlock(block_id, 1))
+            taken.append(block_id)
+        for _ in range(count - fresh):
             block_id, _ = pop(last=False)
             block = blocks[block_id]
             if block.block_hash is not None:
@@ -242,7 +253,8 @@ class BlockManager:
     def check_invariants(self, block_tables: Iterable[Sequence[int]] | None = None) -> None:
         """Assert the class invariants; with the running block tables, the ref counts too."""
         used = [b for b in self.blocks if b.ref_cnt > 0]
-        assert len(used) + len(self._free) == self.num_blocks, "free + used != total"
+        assert len(used) + self.num_free_blocks == self.num_blocks, "free + used != total"
+        assert all(b.block_id == i for i, b in enumerate(self.blocks)), "blocks out of order"
         for block_id in self._free:
             assert self.blocks[block_id].ref_cnt == 0, f"free block {block_id} has refs"
         assert all(b.ref_cnt >= 0 for b in self.blocks), "negative ref count"
