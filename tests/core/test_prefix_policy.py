@@ -56,6 +56,18 @@ def test_a_busy_holder_loses_to_cheap_recompute_reason_load():
     assert decision.backend != holder and decision.reason == "load"
 
 
+def test_without_diversions_a_busy_holder_keeps_its_prefix():
+    for divert in (True, False):
+        fleet = make_fleet(n=2, divert=divert)
+        shared = chain((1, 2))
+        holder = serve(fleet, req("a", shared + chain((2, 1))))[0].backend
+        big = req("big", chain((9, 1)), prompt_tokens=50_000)  # 5 s of queued prefill
+        fleet.dispatch(Decision(holder, "test", 0, (holder,)), big, 0.0)
+        decision, _ = serve(fleet, req("b", shared + chain((3, 1))), now=0.1)
+        assert (decision.backend == holder) is not divert
+        assert decision.reason == ("load" if divert else "prefix")
+
+
 def test_hot_prefix_spreads_to_a_second_holder_then_both_serve_it():
     fleet = make_fleet(n=4)
     system = chain((1, 64))  # 1,024-token shared prompt

@@ -31,6 +31,9 @@ class PrefixParams:
     max_holders: int = param(4, ge=1)  # holders of the deepest match considered
     num_hashed: int = param(2, ge=0)  # "homes" hashed from the first uncached block
     ranked_limit: int = param(8, ge=1)  # backends in Decision.ranked (retries walk it)
+    # False: a request always goes to the holder of its deepest match, however busy (the
+    # hit rate of a fleet that holds every prefix in one place, with the queues that builds)
+    divert: bool = True
 
     def __post_init__(self) -> None:
         check_ranges(self, self.SECTION)
@@ -119,7 +122,8 @@ class PrefixPolicy(Policy):
 
     Inputs: index (holders, match depth), load (queued prefill tokens), cost (rates, the
     backends' working sets, the margin's knobs in ``CostConfig``). Knobs (``PrefixParams``):
-    ``num_least_loaded`` (3), ``max_holders`` (4), ``num_hashed`` (2), ``ranked_limit`` (8).
+    ``num_least_loaded`` (3), ``max_holders`` (4), ``num_hashed`` (2), ``ranked_limit`` (8),
+    ``divert`` (True; False never leaves the holder, for fleets that want hits over tails).
     """
 
     name = "prefix"
@@ -131,6 +135,7 @@ class PrefixPolicy(Policy):
         self.max_holders = params.max_holders
         self.num_hashed = params.num_hashed
         self.ranked_limit = params.ranked_limit
+        self.divert = params.divert
 
     def choose(self, request: RouteRequest, view: FleetView, now: float) -> Decision | None:
         hashes = request.block_hashes
@@ -162,7 +167,9 @@ class PrefixPolicy(Policy):
             if session_url not in (None, best[2]) and url_to_depth[session_url] == deepest:
                 best = next(s for s in scored if s[2] == session_url)  # a tie it breaks
                 home_reason = Reason.SESSION
-            diverted = self._diversion(request, view, best, scored, url_to_depth)
+            diverted = (
+                self._diversion(request, view, best, scored, url_to_depth) if self.divert else None
+            )
             best, reason = (best, home_reason) if diverted is None else (diverted, Reason.LOAD)
         ttft_s, _, url, cached = best
         first = [url, *(s[2] for s in scored if s[2] != url)]
