@@ -34,11 +34,11 @@ async def test_one_sequential_client_gets_the_rigs_engine_counters_in_the_simula
                            workload_overrides=WORKLOAD, load_overrides=LOAD,
                            progress=False)  # fmt: skip
     outcomes = await run_compare_async(config)
+    workload = make_workload("gsp", seed=0, overrides=WORKLOAD)
+    load = default_load(workload, seed=0, **LOAD)
     for name in ROUTERS:
         rig = outcomes[name].bench
         assert rig is not None, outcomes[name].error
-        workload = make_workload("gsp", seed=0, overrides=WORKLOAD)
-        load = default_load(workload, seed=0, **LOAD)
         urls = rig.result["config"]["backend_metrics"]
         sim, _ = simulate_router(parse_router(name), PROFILES["tiny"], BACKENDS, workload,
                                  load, urls=urls)  # fmt: skip
