@@ -7,7 +7,9 @@
 Each workload runs at its 8-replica shape (BENCHMARKS.md's settings) tiled size / 8
 times (``--workload-arg tile=N``: independent copies, load x N), so every fleet size sees
 the same traffic per replica. Cells are mean over seeds with the range; hit rates are
-the engines' counters, also as a share of the pooled-LRU and Belady ceilings. The best
+the engines' counters, also as a share of the pooled-LRU and Belady ceilings (``-`` with
+``--no-ceilings``, whose cells skip the ceilings' prompt log: 8 bytes per prompt block
+sent, most of the memory of long-context runs on big fleets). The best
 hit rate and P99 of each (workload, size) are marked. Results are appended to
 ``cells.jsonl`` as they come (a long run keeps what it finished, and a rerun with the
 same ``--out`` only runs the cells missing there); ``table.md`` is rewritten after each.
@@ -51,7 +53,12 @@ ROUTERS = (
 
 
 def run_cell(
-    workload: str, size: int, router: str, seed: int, duration_s: float | None = None
+    workload: str,
+    size: int,
+    router: str,
+    seed: int,
+    duration_s: float | None = None,
+    ceilings: bool = True,
 ) -> dict[str, Any]:
     name, overrides, load_overrides, (profile, base) = WORKLOADS[workload]
     if size % base:
@@ -67,7 +74,7 @@ def run_cell(
         fields["rates"] = tuple(r * copies for r in fields["rates"])
     load = default_load(w, seed=seed, **fields)
     bench, speed = simulate_router(parse_router(router), get_profile(profile), size, w, load,
-                                   keep_itl=False)  # fmt: skip
+                                   keep_itl=False, compute_ceilings=ceilings)  # fmt: skip
     r = bench.result
     keys = ("engine_prefix_hit_rate", "pooled_lru_hit_rate", "belady_hit_rate",
             "cache_ceiling_hit_rate", "median_ttft_ms", "p99_ttft_ms", "request_throughput",
@@ -77,16 +84,20 @@ def run_cell(
 
 
 def _timed_cell(
-    workload: str, size: int, router: str, seed: int, duration_s: float | None
+    workload: str, size: int, router: str, seed: int, duration_s: float | None, ceilings: bool
 ) -> tuple[dict[str, Any], float]:
     t0 = time.perf_counter()
-    cell = run_cell(workload, size, router, seed, duration_s)
+    cell = run_cell(workload, size, router, seed, duration_s, ceilings)
     return cell, time.perf_counter() - t0
 
 
 def _mean(cells: list[dict[str, Any]], key: str) -> tuple[float, float, float]:
     xs = [c[key] or 0.0 for c in cells]
     return statistics.mean(xs), min(xs), max(xs)
+
+
+def _of(hit: float, ceiling: float) -> str:
+    return f"{hit / ceiling:.2f}" if ceiling else "-"  # 0: not computed (--no-ceilings)
 
 
 def format_table(cells: list[dict[str, Any]]) -> str:
@@ -112,8 +123,8 @@ def format_table(cells: list[dict[str, Any]]) -> str:
             mark_p99 = "**" if p99 == best_p99 else ""
             lines.append(
                 f"| {workload} | {size} | {router} | {mark_hit}{100 * hit:.1f}{mark_hit} "
-                f"({100 * lo:.1f}-{100 * hi:.1f}) | {hit / lru if lru else 0:.2f} | "
-                f"{hit / belady if belady else 0:.2f} | {_mean(cs, 'median_ttft_ms')[0]:.0f} | "
+                f"({100 * lo:.1f}-{100 * hi:.1f}) | {_of(hit, lru)} | "
+                f"{_of(hit, belady)} | {_mean(cs, 'median_ttft_ms')[0]:.0f} | "
                 f"{mark_p99}{p99:,.0f}{mark_p99} ({p99_lo:,.0f}-{p99_hi:,.0f}) | "
                 f"{_mean(cs, 'request_throughput')[0]:.2f} | {len(cs)} |"
             )
@@ -131,6 +142,9 @@ def main() -> int:
     p.add_argument("--duration", type=float, help="engine seconds of every duration-bound workload")
     p.add_argument("--out", default="runs/table")
     p.add_argument("--jobs", type=int, default=1, help="cells run at once (one per core)")
+    p.add_argument("--no-ceilings", action="store_true",
+                   help="skip the ceilings (their prompt log grows with the run: agentic at "
+                        "1,024 backends)")  # fmt: skip
     args = p.parse_args()
     routers = args.routers.split(",")
     for router in routers:
@@ -150,7 +164,8 @@ def main() -> int:
         return order.get((c["workload"], c["size"], c["router"], c["seed"]), -1)
 
     with ProcessPoolExecutor(args.jobs) as pool:  # cells are independent and deterministic
-        started = {pool.submit(_timed_cell, *t, args.duration): t for t in tasks}
+        ceil = not args.no_ceilings
+        started = {pool.submit(_timed_cell, *t, args.duration, ceil): t for t in tasks}
         for future in as_completed(started):
             cell, took_s = future.result()
             cells.append(cell)

@@ -42,6 +42,17 @@ def test_a_small_run_writes_compares_outputs_and_the_ceilings(tmp_path, capsys) 
     assert speed["kvroute"]["requests"] == 50 and speed["kvroute"]["x_real_time"] > 0
 
 
+def test_no_ceilings_leaves_them_out_of_the_report(tmp_path, capsys) -> None:
+    out = tmp_path / "run"
+    args = ["simulate", "--workload", "gsp", "--backends", "3", "--num-requests", "30"]
+    args += [f"--workload-arg={k}={v}" for k, v in SMALL["gsp"].items()]
+    args += ["--routers", "kvroute", "--out", str(out), "--quiet", "--no-plots", "--no-ceilings"]
+    assert main(args) == 0
+    assert "Belady" not in capsys.readouterr().out
+    result = json.loads((out / "compare.json").read_text())["kvroute"]
+    assert result["belady_hit_rate"] is None and result["engine_prefix_hit_rate"] > 0
+
+
 def test_a_bad_workload_is_a_usage_error(capsys) -> None:
     assert main(["simulate", "--workload", "nope", "--quiet", "--no-plots"]) == 2
     assert "nope" in capsys.readouterr().err

@@ -180,6 +180,25 @@ def test_without_per_record_gaps_the_itl_figures_are_the_same() -> None:
     assert kept.result["p99_itl_ms"] > 0
 
 
+def test_without_ceilings_only_the_ceilings_are_missing() -> None:
+    from kvroute.bench.workloads import make_workload
+
+    def run(ceilings: bool):
+        w = make_workload("gsp", seed=0, overrides=SMALL["gsp"])
+        load = default_load(w, num_requests=60)
+        spec, profile = parse_router("kvroute"), small_profile()
+        return simulate_router(spec, profile, 3, w, load, compute_ceilings=ceilings)[0]
+
+    full, bare = run(True), run(False)
+    ceiling_keys = ("cache_ceiling_hit_rate", "pooled_lru_hit_rate", "belady_hit_rate")
+    assert all(full.result[k] is not None for k in ceiling_keys)
+    assert all(bare.result[k] is None for k in ceiling_keys)
+    assert bare.result["pooled_capacity_blocks"] == full.result["pooled_capacity_blocks"]
+    rest = set(full.result) - set(ceiling_keys)
+    assert {k: bare.result[k] for k in rest} == {k: full.result[k] for k in rest}
+    assert bare.result["engine_prefix_hit_rate"] > 0
+
+
 def test_a_peer_model_scrapes_the_engines_as_its_router_does() -> None:
     from kvroute.des.router import SimRouter
 

@@ -115,6 +115,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "a consistent-hash ring is built on them, so a real run's URLs replay its ring",
     )
     p.add_argument(
+        "--no-ceilings",
+        action="store_true",
+        help="skip the hit-rate ceilings: their log of every prompt block sent (8 bytes "
+        "each) grows with the run, the largest part of a long-context run's memory",
+    )
+    p.add_argument(
         "--no-fast-forward",
         action="store_true",
         help="step every engine step by step (same results, slower; for checking)",
@@ -188,11 +194,12 @@ def main(args: argparse.Namespace) -> int:
                 fast_forward=not args.no_fast_forward,
                 progress=progress,
                 urls=args.backend_urls,
+                compute_ceilings=not args.no_ceilings,
                 extra_config={"seed": config.seed},
             )
         outcome.bench, speeds[name] = bench, speed
     code = report(outcomes, out, plots=not args.no_plots, analysis=True)
-    if text := format_ceilings(outcomes):
+    if not args.no_ceilings and (text := format_ceilings(outcomes)):
         print(f"\n{text}")
         with (out / "compare.txt").open("a") as f:
             f.write(f"\n{text}\n")

@@ -35,7 +35,7 @@ from kvroute.bench.workloads.base import Workload
 from kvroute.common.hashing import ROOT_SEED, token_block_hashes
 from kvroute.common.kv_events import KvEvent
 from kvroute.des.backend import SimBackend
-from kvroute.des.ceilings import PromptLog, ceilings
+from kvroute.des.ceilings import Ceilings, PromptLog, ceilings
 from kvroute.des.clients import Done, VirtualClients
 from kvroute.des.events import ARRIVE, OBSERVE, EventQueue
 from kvroute.des.prompts import PromptEncoder
@@ -108,6 +108,7 @@ class Simulation:
         encoder: PromptEncoder | None = None,
         keep_itl: bool = True,
         urls: Sequence[str] | None = None,
+        compute_ceilings: bool = True,
     ) -> None:
         self.profile = profile
         self.fast_forward = fast_forward  # asked for (exact mode steps anyway)
@@ -131,7 +132,10 @@ class Simulation:
         }
         self.clients = VirtualClients(self.queue, workload, load, self._submit, progress=progress)
         self.encoder = encoder or PromptEncoder()
-        self.log = PromptLog(profile.block_size)
+        # the ceilings' input: 8 bytes per prompt block sent, which grows with the run and
+        # not with the fleet (long-context runs: most of the memory); ``compute_ceilings`` False
+        # skips it and the ceilings
+        self.log = PromptLog(profile.block_size) if compute_ceilings else None
         # every measured inter-token gap, pooled (8 bytes each); records keep their own
         # only with ``keep_itl`` (a tuple of floats per request: the memory of big runs)
         self.itl_pool = array("d")
@@ -191,7 +195,8 @@ class Simulation:
         hashes: list[int] = []
         if problem is None:
             hashes = token_block_hashes(ids, profile.block_size, ROOT_SEED)
-            self.log.add(hashes, len(ids), counted=not warmup)
+            if self.log is not None:
+                self.log.add(hashes, len(ids), counted=not warmup)
             routed = self.router.route(
                 at, rid, text, hashes, len(ids), spec.max_tokens, spec.headers
             )
@@ -329,10 +334,12 @@ def simulate_router(
     """Run ``workload`` under ``load`` through ``spec`` on ``num_backends`` engines.
 
     ``options`` are ``Simulation``'s keywords (timing, fast_forward, progress, encoder,
-    keep_itl, urls); ``extra_config`` is merged into the result's ``config``.
+    keep_itl, urls, compute_ceilings); ``extra_config`` is merged into the result's ``config``.
     ``keep_itl`` False: records carry no inter-token gaps (the ITL figures of the result
     come from the pooled gaps all the same), for runs of millions of requests. ``urls``:
     the backends' names (default ``http://sim-N``); a consistent-hash ring is built on them.
+    ``compute_ceilings`` False: no ceilings (their keys are None), for runs whose prompt log
+    would not fit in memory.
 
     The result is a function of the arguments alone (no clock, no date in it): the same
     seed gives the same bytes. How fast it ran comes back apart, as ``Speed``.
@@ -344,7 +351,11 @@ def simulate_router(
     t0, end = sim.clients.t0 or 0.0, sim.clients.end or 0.0
     result = summarize(records, end - t0, itl_s=sim.itl_pool)  # the same, records or not
     result.update(fleet_results(records, sim.engine_deltas()))
-    result.update(ceilings(sim.log, num_backends * profile.num_gpu_blocks).to_json())
+    capacity_blocks = num_backends * profile.num_gpu_blocks
+    if sim.log is not None:
+        result.update(ceilings(sim.log, capacity_blocks).to_json())
+    else:  # not computed: the keys are there, empty
+        result.update(Ceilings(None, None, None, capacity_blocks).to_json())
     result["cache_ceiling_block_size"] = profile.block_size
     result["simulation"] = {
         "events": sim.queue.num_events,
