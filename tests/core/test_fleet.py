@@ -65,6 +65,21 @@ def test_engine_stats_feed_capacity_block_size_and_hit_deltas():
     assert fleet.backend_states()[0].index_blocks == 3  # the scraped capacity bounds the model
 
 
+def test_by_default_the_index_is_as_big_as_the_engines_caches_together():
+    fleet = make_fleet(n=3, capacity=1000)
+    models = fleet.index.url_to_model
+    assert fleet.index.max_entries == sum(m.capacity_blocks for m in models.values())
+    before, small = fleet.index.max_entries, models[url(0)].capacity_blocks
+    fleet.update_engine_stats(url(0), num_gpu_blocks=50_000, block_size=BS)  # a big engine
+    assert models[url(0)].capacity_blocks > small
+    assert fleet.index.max_entries == before + models[url(0)].capacity_blocks - small
+    fleet.remove_backend(url(1))
+    assert fleet.index.max_entries == sum(m.capacity_blocks for m in models.values())
+    capped = Fleet(make_policy("prefix"), FleetConfig(max_index_entries=7))
+    capped.add_backend(url(0))
+    assert capped.index.max_entries == 7  # a number is a hard cap
+
+
 def test_states_compare_predicted_and_reported_hits():
     fleet = make_fleet(n=1)
     _, t1 = serve(fleet, req("a", chain((1, 4)), prompt_tokens=70))

@@ -111,6 +111,26 @@ def test_set_capacity_shrinks_the_model():
     index.check_invariants()
 
 
+def test_an_index_sized_to_its_models_follows_them_and_keeps_every_cache_full():
+    index = PrefixIndex(None)
+    for url, cap in (("a", 4), ("b", 5), ("c", 6)):
+        index.add_backend(url, LruCacheModel(cap))
+    assert index.max_entries == 15
+    for url in ("a", "b", "c"):
+        index.insert(url, [ord(url) * 100 + i for i in range(10)])  # more than any holds
+    assert [index.num_blocks(u) for u in ("a", "b", "c")] == [4, 5, 6]  # nothing capped
+    index.set_capacity("c", 2)
+    assert index.max_entries == 11 and index.num_blocks("c") == 2
+    index.remove_backend("a")
+    assert index.max_entries == 7
+    index.check_invariants()
+    fixed = make_index({"a": 4, "b": 5, "c": 6}, max_entries=10)  # a hard cap cuts them
+    for url in ("a", "b", "c"):
+        fixed.insert(url, [ord(url) * 100 + i for i in range(10)])
+    assert sum(fixed.num_blocks(u) for u in ("a", "b", "c")) <= 10
+    fixed.check_invariants()
+
+
 def test_bad_sizes_raise_value_error():
     with pytest.raises(ValueError, match="capacity_blocks"):
         LruCacheModel(0)
@@ -188,3 +208,20 @@ class IndexMachine(RuleBasedStateMachine):
 
 TestIndexMachine = IndexMachine.TestCase
 TestIndexMachine.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+
+
+class SizedIndexMachine(IndexMachine):
+    """The same steps on an index sized to its models: its cap never cuts a model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.index = PrefixIndex(max_entries=None)
+
+    @invariant()
+    def sized_to_the_models(self):
+        models = self.index.url_to_model.values()
+        assert self.index.max_entries == max(1, sum(m.capacity_blocks for m in models))
+
+
+TestSizedIndexMachine = SizedIndexMachine.TestCase
+TestSizedIndexMachine.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)

@@ -115,8 +115,8 @@ def test_the_core_settings_name_their_full_key_when_nested() -> None:
         build(FleetConfig, {"cost": {"rate_step": 2}}, "fleet")
     with pytest.raises(ConfigError, match=r"^fleet\.cost\.prior_prefill_tokens_per_s: must lie"):
         build(FleetConfig, {"cost": {"prior_prefill_tokens_per_s": 100}}, "fleet")
-    with pytest.raises(ConfigError, match=r"^fleet\.max_index_entries: must be >= 1"):
-        build(FleetConfig, {"max_index_entries": 0}, "fleet")
+    with pytest.raises(ConfigError, match=r"^fleet\.max_index_entries: must be >= 0"):
+        build(FleetConfig, {"max_index_entries": -1}, "fleet")
     fleet = build(FleetConfig, {"max_index_entries": 5, "cost": {"overhead_s": 0}}, "fleet")
     assert (fleet.max_index_entries, fleet.cost.overhead_s) == (5, 0.0)
 

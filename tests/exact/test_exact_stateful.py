@@ -20,7 +20,7 @@ class ExactFleetMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.fleet = exact_fleet(n=2, mode="auto", ttl=1.0)
-        self.fleet.index.max_entries = 12  # small: the cap meets exact models too
+        self.fleet.index.fixed_cap = 12  # small: the cap meets exact models too
         self.seq = [-1, -1]
         self.now = 0.0
         self.tickets = []

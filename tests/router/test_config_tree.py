@@ -247,7 +247,7 @@ def test_defaults_are_unchanged_and_secrets_are_not_printed(tmp_path: Path) -> N
     assert config.policy == "prefix" and config.resolved_mode is Mode.APPROXIMATE
     assert config.fleet.mode is Mode.APPROXIMATE and config.fleet.speculative_ttl_s == 3.0
     assert (config.fleet.session_ttl_s, config.fleet.session_max_entries) == (600.0, 100_000)
-    assert config.fleet.max_index_entries == 2_000_000
+    assert config.fleet.max_index_entries == 0  # sized to the backends' caches
     assert config.policy_params.max_holders == 4
     text = "admin_key: admin-S3CR3T\nbackends: [{url: 'http://a:1', api_key: up-S3CR3T}]\n"
     text += "clients: {keys: [{name: t, key: client-S3CR3T}]}\n"

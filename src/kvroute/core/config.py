@@ -50,8 +50,10 @@ class FleetConfig:
     default_block_size: int = param(16, ge=1)
     # cache-model size, blocks, until num_gpu_blocks is scraped
     default_capacity_blocks: int = param(8192, ge=1)
-    # hard cap on (block, backend) entries of the index (~150-300 B each)
-    max_index_entries: int = param(2_000_000, ge=1)
+    # cap on (block, backend) entries of the index (~150-300 B each); 0: as many as the
+    # backends' caches hold together (their cache models' capacities), growing with the
+    # fleet: 1,024 engines of 27,500 blocks need 28M entries, which a fixed cap would cut
+    max_index_entries: int = param(0, ge=0)
     cost: CostConfig = field(default_factory=CostConfig)  # TTFT estimate and rate learning
     mode: Mode = Mode.APPROXIMATE
     # exact mode: credit for a dispatch until the backend's KV events confirm it, seconds

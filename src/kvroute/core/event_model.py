@@ -79,6 +79,10 @@ class EventCacheModel(CacheModel):
     def capacity_blocks(self) -> int:
         return max(self.nominal_capacity, len(self.visible))
 
+    @property
+    def nominal_capacity_blocks(self) -> int:
+        return self.nominal_capacity
+
     def holds(self, block_hash: int) -> bool:
         return block_hash in self.visible
 

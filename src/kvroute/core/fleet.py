@@ -68,7 +68,7 @@ class Fleet(KvEventsMixin, EngineReportsMixin):
         self.policy = policy
         self.config = config or FleetConfig()
         self.rng = rng if rng is not None else Random(0)
-        self.index = PrefixIndex(self.config.max_index_entries)
+        self.index = PrefixIndex(self.config.max_index_entries or None)
         # how long a running request keeps its KV: the admission wait's clock (cost.py)
         self.lifetime = RequestLifetime(self.config.cost.lifetime_ewma_alpha)
         self._backends: dict[str, Backend] = {}
@@ -251,7 +251,8 @@ class Fleet(KvEventsMixin, EngineReportsMixin):
                 listener.on_dispatch(ticket, decision, req, now)
                 told += 1
             window = self.index.url_to_model[b.url].capacity_blocks  # one cache turnover
-            share = self.config.max_index_entries // max(1, len(self._backends))
+            cap = self.config.max_index_entries  # 0: the index is sized to the models
+            share = cap // max(1, len(self._backends)) if cap else 4 * window
             b.learn_reuse(req.block_hashes, num_held, window, share)
             if req.session is not None:  # last: a hook that raised leaves the session as it was
                 self.sessions.put(session_key(req.model, req.session), b.url, now)

@@ -41,6 +41,12 @@ class CacheModel(abc.ABC):
     def capacity_blocks(self) -> int:
         """The blocks the model holds at most (``set_capacity`` changes it)."""
 
+    @property
+    def nominal_capacity_blocks(self) -> int:
+        """The size the model was given (``capacity_blocks`` unless a model may hold more
+        than that): what an index sized to its models counts."""
+        return self.capacity_blocks
+
     @abc.abstractmethod
     def holds(self, block_hash: int) -> bool: ...
 
@@ -156,6 +162,11 @@ class LruCacheModel(CacheModel):
 class PrefixIndex:
     """Global ``hash_to_holders`` (block -> bitmask of backend slots) over per-backend models.
 
+    ``max_entries`` None sizes the cap to the models: the sum of their nominal capacities, kept
+    as backends come, go and change size, so the index holds whatever the engines' caches
+    can (it never binds on approximate models, each bounded by its own capacity); a
+    number is a hard cap on the router's memory for the index.
+
     Invariants (``check_invariants``):
     - a hash lists backend r as a holder exactly when r's cache model holds it, and no
       hash maps to an empty set;
@@ -166,10 +177,11 @@ class PrefixIndex:
     - a removed backend leaves no bit behind, and its slot is reused only after that.
     """
 
-    def __init__(self, max_entries: int) -> None:
-        if max_entries < 1:
-            raise ValueError(f"max_entries must be >= 1, got {max_entries}")
-        self.max_entries = max_entries
+    def __init__(self, max_entries: int | None) -> None:
+        if max_entries is not None and max_entries < 1:
+            raise ValueError(f"max_entries must be >= 1 or None, got {max_entries}")
+        self.fixed_cap = max_entries  # None: the models' capacities (class doc)
+        self._capacity_sum = 0  # of the models' capacity_blocks
         self.hash_to_holders: dict[int, int] = {}  # block hash -> bitmask of slots
         self.url_to_model: dict[str, CacheModel] = {}
         self.url_to_slot: dict[str, int] = {}
@@ -177,6 +189,10 @@ class PrefixIndex:
         self._free_slots: list[int] = []  # heap: lowest free slot first (small masks)
         self.num_entries = 0
         self._seq = 0  # global touch counter (recency across backends)
+
+    @property
+    def max_entries(self) -> int:
+        return self.fixed_cap if self.fixed_cap is not None else max(1, self._capacity_sum)
 
     # -- membership --------------------------------------------------------------------
 
@@ -189,6 +205,7 @@ class PrefixIndex:
         self.url_to_model[url] = model
         self.url_to_slot[url] = slot
         self.slot_to_url[slot] = url
+        self._capacity_sum += model.nominal_capacity_blocks
 
     def remove_backend(self, url: str) -> None:
         """Drop every entry of ``url`` at once (unknown URL: no-op)."""
@@ -196,6 +213,7 @@ class PrefixIndex:
         if model is None:
             return
         self.num_entries -= len(model)
+        self._capacity_sum -= model.nominal_capacity_blocks
         self._drop(self.url_to_slot[url], list(model.blocks()))
         slot = self.url_to_slot.pop(url)
         del self.slot_to_url[slot]
@@ -205,6 +223,7 @@ class PrefixIndex:
         """Swap ``url``'s cache model: the old one's entries go, the new one's blocks come."""
         old = self.url_to_model[url]
         self.num_entries -= len(old)
+        self._capacity_sum += model.nominal_capacity_blocks - old.nominal_capacity_blocks
         slot = self.url_to_slot[url]
         self._drop(slot, list(old.blocks()))
         self.url_to_model[url] = model
@@ -213,7 +232,9 @@ class PrefixIndex:
     def set_capacity(self, url: str, capacity_blocks: int) -> None:
         model = self.url_to_model[url]
         if model.capacity_blocks != capacity_blocks:
+            before = model.nominal_capacity_blocks
             evicted = model.set_capacity(capacity_blocks)
+            self._capacity_sum += model.nominal_capacity_blocks - before
             self.num_entries -= len(evicted)
             self._drop(self.url_to_slot[url], evicted)
 
@@ -358,6 +379,8 @@ class PrefixIndex:
         evictable = sum(len(m) for m in self.url_to_model.values() if m.oldest_seq() is not None)
         assert self.num_entries <= self.max_entries or not evictable, "index: over max_entries"
         assert len(self.slot_to_url) == len(self.url_to_model), "index: slot count"
+        capacities = sum(m.nominal_capacity_blocks for m in self.url_to_model.values())
+        assert self._capacity_sum == capacities, "index: capacity sum"
         for h, mask in h2h.items():
             assert mask, "index: empty holder set"
             for url in self.urls_of(mask):

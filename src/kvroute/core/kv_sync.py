@@ -117,14 +117,19 @@ class ExactSync:
         self.mode = mode
         self.speculative_ttl_s = speculative_ttl_s
         # one exact view's cap (engine blocks); all of them together: index.max_entries
-        self.max_stored_blocks = max_stored_blocks or index.max_entries
-        if self.max_stored_blocks < 1:
+        if max_stored_blocks is not None and max_stored_blocks < 1:
             raise ValueError("max_stored_blocks must be >= 1")
+        self._max_stored_blocks = max_stored_blocks
         self.url_to_stream: dict[str, KvStream] = {}
         # views being rebuilt by a replay: not in the index until it reaches the present
         self._catching_up: dict[str, EventCacheModel | None] = {}
         self._queue: deque[tuple[float, int]] = deque()  # (expiry, ticket id), by expiry
         self._ticket_to_spec: dict[int, _Speculation] = {}
+
+    @property
+    def max_stored_blocks(self) -> int:
+        """One exact view's cap: as given, else the index's (which may follow the fleet)."""
+        return self._max_stored_blocks or self.index.max_entries
 
     def add_backend(self, url: str) -> None:
         self.url_to_stream[url] = KvStream()
