@@ -61,6 +61,22 @@ def test_kvroute_policy_args_are_checked_and_passed_as_flags():
         parse_router("kvroute:least_load:max_ties")
 
 
+def test_a_router_config_goes_to_kvroute_only_and_may_not_name_backends(tmp_path):
+    good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
+    good.write_text("fleet: {max_index_entries: 5}\n")
+    bad.write_text("backends: [{url: 'http://x:1'}]\n")
+    cmd = router_command(parse_router("kvroute"), ["http://a:1"], 9, config_path=str(good))
+    assert cmd[cmd.index("--config") + 1] == str(good)
+    assert "--config" not in router_command(parse_router("sglang"), ["http://a:1"], 9, (), "x")
+    with pytest.raises(ValueError, match="lists backends"):
+        CompareConfig("gsp", ("kvroute",), router_config=str(bad))
+    with pytest.raises(ValueError, match="No such file"):
+        CompareConfig("gsp", ("kvroute",), router_config=str(tmp_path / "none.yaml"))
+    with pytest.raises(ValueError, match="max_index_entries"):
+        good.write_text("fleet: {max_index_entries: -1}\n")
+        CompareConfig("gsp", ("kvroute",), router_config=str(good))
+
+
 def test_kvroute_exact_subscribes_to_every_backends_events():
     spec = parse_router("kvroute-exact")
     assert (spec.kind, spec.policy, spec.mode) == ("kvroute", "prefix", "exact")
@@ -207,10 +223,10 @@ def _alive(pid: int) -> bool:
 async def test_compare_two_routers_on_a_tiny_fleet_and_a_skipped_peer(monkeypatch, tmp_path):
     real = router_command
 
-    def peerless(spec, backends, port, kv_endpoints=()):
+    def peerless(spec, backends, port, kv_endpoints=(), config_path=None):
         if spec.kind != "kvroute":
             raise RouterUnavailable(f"{spec.name} is not installed")
-        return real(spec, backends, port, kv_endpoints)
+        return real(spec, backends, port, kv_endpoints, config_path)
 
     monkeypatch.setattr(compare_mod, "router_command", peerless)
     config = CompareConfig(

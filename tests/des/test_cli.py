@@ -53,6 +53,22 @@ def test_no_ceilings_leaves_them_out_of_the_report(tmp_path, capsys) -> None:
     assert result["belady_hit_rate"] is None and result["engine_prefix_hit_rate"] > 0
 
 
+def test_a_router_config_is_what_the_simulated_router_runs_with(tmp_path, capsys) -> None:
+    def run(*extra: str) -> dict:
+        out = tmp_path / f"run{len(extra)}"
+        args = ["simulate", "--workload", "gsp", "--backends", "3", "--num-requests", "40"]
+        args += [f"--workload-arg={k}={v}" for k, v in SMALL["gsp"].items()]
+        args += ["--routers", "kvroute", "--out", str(out), "--quiet", "--no-plots", *extra]
+        assert main(args) == 0
+        return json.loads((out / "compare.json").read_text())["kvroute"]
+
+    config = tmp_path / "tiny-index.yaml"
+    config.write_text("fleet: {max_index_entries: 4}\n")  # forgets nearly every prefix
+    default, tiny = run(), run("--router-config", str(config))
+    assert tiny["config"]["router_config"] == str(config)
+    assert tiny["engine_prefix_hit_rate"] < default["engine_prefix_hit_rate"]
+
+
 def test_a_bad_workload_is_a_usage_error(capsys) -> None:
     assert main(["simulate", "--workload", "nope", "--quiet", "--no-plots"]) == 2
     assert "nope" in capsys.readouterr().err

@@ -33,6 +33,7 @@ from kvroute.bench.procs import (
     ManagedProcess,
     RouterSpec,
     RouterUnavailable,
+    check_router_config,
     free_port,
     free_port_range,
     parse_router,
@@ -65,6 +66,9 @@ class CompareConfig:
     log_dir: Path | None = None  # process logs; None: a temporary folder
     startup_timeout_s: float = 60.0  # fleet and router each must be ready within this
     progress: bool = True  # a rich progress bar per router (stderr)
+    # a kvroute YAML (fleet, cost, policies...) for every kvroute router; its backends are
+    # the simulated fleet's, so the file lists none
+    router_config: str | None = None
 
     def __post_init__(self) -> None:
         if not self.routers:
@@ -75,6 +79,8 @@ class CompareConfig:
             raise ValueError("CompareConfig.speedup must be > 0")
         for name in self.routers:
             parse_router(name)  # ValueError for an unknown name, before anything starts
+        if self.router_config is not None:
+            check_router_config(self.router_config)
 
 
 @dataclass(slots=True)
@@ -193,7 +199,7 @@ async def run_one(
         kv_args = ["--kv-events", "--kv-port-base", str(kv_base)]
         kv_endpoints = [f"tcp://127.0.0.1:{kv_base + i}" for i in range(n)]
     # RouterUnavailable before anything starts
-    router_cmd = router_command(spec, backends, router_port, kv_endpoints)
+    router_cmd = router_command(spec, backends, router_port, kv_endpoints, config.router_config)
     sim_cmd = sim_command(n, port_base, config.profile, config.speedup, config.sim_args)
     sim_cmd += kv_args
     sim_cmd += ["--seed", str(config.seed)]

@@ -72,6 +72,12 @@ def add_fleet_and_load_options(
     p.add_argument("--routers", type=parse_list, help="comma-separated router names")
     p.add_argument("--seed", type=int, default=0, help="workload, load and engine seed")
     p.add_argument(
+        "--router-config",
+        metavar="FILE",
+        help="a kvroute YAML (fleet, cost, policies: what `kvroute serve --config` takes, "
+        "without backends) for every kvroute router: try your own settings",
+    )
+    p.add_argument(
         "--workload-arg",
         action="append",
         default=[],
@@ -179,6 +185,7 @@ def config_from_args(args: argparse.Namespace, out: Path) -> CompareConfig:
         log_dir=out / "logs",
         startup_timeout_s=args.startup_timeout,
         progress=not args.quiet,
+        router_config=args.router_config,
     )
 
 

@@ -146,15 +146,36 @@ def _outside_ephemeral(start: int, stop: int, n: int) -> tuple[int, int]:
     return part if part[1] - part[0] > n else (start, stop)
 
 
+def check_router_config(path: str) -> None:
+    """A kvroute YAML for a simulated fleet: it must load (ValueError saying what is
+    wrong) and list no backends, since the fleet's are added to it."""
+    from kvroute.router.config import load_config  # the router's config, only when used
+
+    try:
+        config = load_config(path)
+    except OSError as exc:
+        raise ValueError(f"router config {path}: {exc.strerror or exc}") from None
+    if config.backends:
+        raise ValueError(f"router config {path} lists backends: the simulated fleet's are "
+                         "used, remove them")  # fmt: skip
+
+
 def router_command(
-    spec: RouterSpec, backends: Sequence[str], port: int, kv_endpoints: Sequence[str] = ()
+    spec: RouterSpec,
+    backends: Sequence[str],
+    port: int,
+    kv_endpoints: Sequence[str] = (),
+    config_path: str | None = None,
 ) -> list[str]:
     """The command line that starts ``spec`` on ``port`` in front of ``backends``.
 
-    ``kv_endpoints``: the backends' KV-event endpoints (same order), for exact mode.
+    ``kv_endpoints``: the backends' KV-event endpoints (same order), for exact mode;
+    ``config_path``: a YAML file for kvroute (the peers take none).
     """
     if spec.kind == "kvroute":
         cmd = [*KVROUTE, "serve", "--policy", spec.policy]
+        if config_path is not None:
+            cmd += ["--config", str(config_path)]
         for url in backends:
             cmd += ["--backend", url]
         if spec.mode is not None:

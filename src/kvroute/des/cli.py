@@ -195,7 +195,8 @@ def main(args: argparse.Namespace) -> int:
                 progress=progress,
                 urls=args.backend_urls,
                 compute_ceilings=not args.no_ceilings,
-                extra_config={"seed": config.seed},
+                router_config=config.router_config,
+                extra_config={"seed": config.seed, "router_config": config.router_config},
             )
         outcome.bench, speeds[name] = bench, speed
     code = report(outcomes, out, plots=not args.no_plots, analysis=True)
@@ -241,8 +242,9 @@ def _run_plan(
 
         def probe(n: int, spec: RouterSpec = spec, name: str = name) -> Probe:
             bench, _ = simulate_router(
-                spec, profile, n, build_workload(config), load, timing=timing, keep_itl=False
-            )
+                spec, profile, n, build_workload(config), load, timing=timing, keep_itl=False,
+                router_config=config.router_config,
+            )  # fmt: skip
             p = Probe.from_result(n, bench.result, refused(bench.records))
             if not args.quiet:
                 p99 = "none" if p.p99_ttft_s is None else f"{p.p99_ttft_s:.2f} s"

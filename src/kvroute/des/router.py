@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvroute.bench.procs import RouterSpec
+from kvroute.bench.procs import RouterSpec, check_router_config
 from kvroute.common.hashing import ROOT_SEED
 from kvroute.common.kv_events import KvEvent
 from kvroute.core.fleet import Fleet
@@ -41,15 +41,21 @@ class Routed:
     text_bytes: int | None  # UTF-8 bytes keyed as text (approximate mode), else None
 
 
-def router_config(spec: RouterSpec, urls: Sequence[str]) -> RouterConfig:
-    """The configuration ``kvroute serve`` would run ``spec`` with in front of ``urls``."""
+def router_config(
+    spec: RouterSpec, urls: Sequence[str], config_path: str | None = None
+) -> RouterConfig:
+    """The configuration ``kvroute serve --config config_path`` would run ``spec`` with
+    in front of ``urls``."""
     if spec.kind != "kvroute":
         raise ValueError(
             f"{spec.name}: kvroute simulate runs kvroute's own policies; the real "
             f"{spec.kind} runs only in `kvroute compare`"
         )
     args = dict(arg.split("=", 1) for arg in spec.policy_args)
+    if config_path is not None:
+        check_router_config(config_path)
     return load_config(
+        config_path,
         backends=urls,
         overrides={"policy": spec.policy, "mode": spec.mode},
         policy_args=args or None,
@@ -59,9 +65,11 @@ def router_config(spec: RouterSpec, urls: Sequence[str]) -> RouterConfig:
 class SimRouter:
     """A Fleet and its inputs in virtual time (module doc)."""
 
-    def __init__(self, spec: RouterSpec, urls: Sequence[str], model: str) -> None:
+    def __init__(
+        self, spec: RouterSpec, urls: Sequence[str], model: str, config_path: str | None = None
+    ) -> None:
         self.spec = spec
-        self.config = router_config(spec, urls)
+        self.config = router_config(spec, urls, config_path)
         self.fleet = Fleet(
             make_policy(self.config.policy, self.config.policy_params), self.config.fleet
         )

@@ -109,6 +109,7 @@ class Simulation:
         keep_itl: bool = True,
         urls: Sequence[str] | None = None,
         compute_ceilings: bool = True,
+        router_config: str | None = None,
     ) -> None:
         self.profile = profile
         self.fast_forward = fast_forward  # asked for (exact mode steps anyway)
@@ -117,7 +118,7 @@ class Simulation:
         self.urls = list(urls) if urls is not None else backend_urls(num_backends)
         if len(self.urls) != num_backends or len(set(self.urls)) != num_backends:
             raise ValueError(f"need {num_backends} distinct backend URLs, got {self.urls}")
-        self.router = SimRouter(spec, self.urls, profile.name)
+        self.router = SimRouter(spec, self.urls, profile.name, router_config)
         exact = self.router.exact
         self.backends = {
             url: SimBackend(
@@ -334,7 +335,9 @@ def simulate_router(
     """Run ``workload`` under ``load`` through ``spec`` on ``num_backends`` engines.
 
     ``options`` are ``Simulation``'s keywords (timing, fast_forward, progress, encoder,
-    keep_itl, urls, compute_ceilings); ``extra_config`` is merged into the result's ``config``.
+    keep_itl, urls, compute_ceilings, router_config: a kvroute YAML as ``kvroute serve
+    --config`` takes, without backends); ``extra_config`` is merged into the result's
+    ``config``.
     ``keep_itl`` False: records carry no inter-token gaps (the ITL figures of the result
     come from the pooled gaps all the same), for runs of millions of requests. ``urls``:
     the backends' names (default ``http://sim-N``); a consistent-hash ring is built on them.
