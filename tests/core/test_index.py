@@ -7,7 +7,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from kvroute.core.index import LruCacheModel, PrefixIndex
+from kvroute.core.index import MAX_SIZED_BLOCKS, LruCacheModel, PrefixIndex
 
 
 def make_index(capacities: dict[str, int], max_entries: int = 10_000) -> PrefixIndex:
@@ -124,6 +124,8 @@ def test_an_index_sized_to_its_models_follows_them_and_keeps_every_cache_full():
     index.remove_backend("a")
     assert index.max_entries == 7
     index.check_invariants()
+    index.add_backend("z", LruCacheModel(1 << 60))  # an absurd gauge counts as the most
+    assert index.max_entries == 7 + MAX_SIZED_BLOCKS
     fixed = make_index({"a": 4, "b": 5, "c": 6}, max_entries=10)  # a hard cap cuts them
     for url in ("a", "b", "c"):
         fixed.insert(url, [ord(url) * 100 + i for i in range(10)])

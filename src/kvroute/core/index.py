@@ -28,6 +28,11 @@ from operator import or_
 
 from kvroute.common.hashing import leading_in
 
+# What one model adds to an index sized to its models, at most: 2**22 blocks (67M tokens
+# at 16 a block, many times the largest engine's KV), so an absurd num_gpu_blocks gauge
+# cannot lift the cap on the router's memory
+MAX_SIZED_BLOCKS = 1 << 22
+
 
 class CacheModel(abc.ABC):
     """One backend's prefix cache as the router models it (blocks, not tokens).
@@ -162,10 +167,11 @@ class LruCacheModel(CacheModel):
 class PrefixIndex:
     """Global ``hash_to_holders`` (block -> bitmask of backend slots) over per-backend models.
 
-    ``max_entries`` None sizes the cap to the models: the sum of their nominal capacities, kept
-    as backends come, go and change size, so the index holds whatever the engines' caches
-    can (it never binds on approximate models, each bounded by its own capacity); a
-    number is a hard cap on the router's memory for the index.
+    ``max_entries`` None sizes the cap to the models: the sum of their nominal capacities
+    (each at most ``MAX_SIZED_BLOCKS``), kept as backends come, go and change size, so the
+    index holds whatever the engines' caches can (it never binds on approximate models of
+    sane size, each bounded by its own capacity); a number is a hard cap on the router's
+    memory for the index.
 
     Invariants (``check_invariants``):
     - a hash lists backend r as a holder exactly when r's cache model holds it, and no
@@ -205,7 +211,7 @@ class PrefixIndex:
         self.url_to_model[url] = model
         self.url_to_slot[url] = slot
         self.slot_to_url[slot] = url
-        self._capacity_sum += model.nominal_capacity_blocks
+        self._capacity_sum += _sized(model)
 
     def remove_backend(self, url: str) -> None:
         """Drop every entry of ``url`` at once (unknown URL: no-op)."""
@@ -213,7 +219,7 @@ class PrefixIndex:
         if model is None:
             return
         self.num_entries -= len(model)
-        self._capacity_sum -= model.nominal_capacity_blocks
+        self._capacity_sum -= _sized(model)
         self._drop(self.url_to_slot[url], list(model.blocks()))
         slot = self.url_to_slot.pop(url)
         del self.slot_to_url[slot]
@@ -223,7 +229,7 @@ class PrefixIndex:
         """Swap ``url``'s cache model: the old one's entries go, the new one's blocks come."""
         old = self.url_to_model[url]
         self.num_entries -= len(old)
-        self._capacity_sum += model.nominal_capacity_blocks - old.nominal_capacity_blocks
+        self._capacity_sum += _sized(model) - _sized(old)
         slot = self.url_to_slot[url]
         self._drop(slot, list(old.blocks()))
         self.url_to_model[url] = model
@@ -232,9 +238,9 @@ class PrefixIndex:
     def set_capacity(self, url: str, capacity_blocks: int) -> None:
         model = self.url_to_model[url]
         if model.capacity_blocks != capacity_blocks:
-            before = model.nominal_capacity_blocks
+            before = _sized(model)
             evicted = model.set_capacity(capacity_blocks)
-            self._capacity_sum += model.nominal_capacity_blocks - before
+            self._capacity_sum += _sized(model) - before
             self.num_entries -= len(evicted)
             self._drop(self.url_to_slot[url], evicted)
 
@@ -379,12 +385,17 @@ class PrefixIndex:
         evictable = sum(len(m) for m in self.url_to_model.values() if m.oldest_seq() is not None)
         assert self.num_entries <= self.max_entries or not evictable, "index: over max_entries"
         assert len(self.slot_to_url) == len(self.url_to_model), "index: slot count"
-        capacities = sum(m.nominal_capacity_blocks for m in self.url_to_model.values())
+        capacities = sum(map(_sized, self.url_to_model.values()))
         assert self._capacity_sum == capacities, "index: capacity sum"
         for h, mask in h2h.items():
             assert mask, "index: empty holder set"
             for url in self.urls_of(mask):
                 assert self.url_to_model[url].holds(h), f"index: {url} listed without {h}"
+
+
+def _sized(model: CacheModel) -> int:
+    """What ``model`` adds to an index sized to its models."""
+    return min(model.nominal_capacity_blocks, MAX_SIZED_BLOCKS)
 
 
 def _find_drops(size: Callable[[int], int], last: int) -> list[int]:
