@@ -187,7 +187,7 @@ class PrefixIndex:
         if max_entries is not None and max_entries < 1:
             raise ValueError(f"max_entries must be >= 1 or None, got {max_entries}")
         self.fixed_cap = max_entries  # None: the models' capacities (class doc)
-        self._capacity_sum = 0  # of the models' capacity_blocks
+        self._capacity_sum = 0  # of the models' sizes (``_sized``)
         self.hash_to_holders: dict[int, int] = {}  # block hash -> bitmask of slots
         self.url_to_model: dict[str, CacheModel] = {}
         self.url_to_slot: dict[str, int] = {}
