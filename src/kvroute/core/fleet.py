@@ -59,6 +59,9 @@ def _bounded(req: RouteRequest) -> RouteRequest:
     return dataclasses.replace(req, num_prompt_tokens=clamp_count(n), max_tokens=clamp_count(m))
 
 
+WS_BUDGET = 2_000_000  # entries all working sets may hold at least, over the fleet
+
+
 class Fleet(KvEventsMixin, EngineReportsMixin):
     """Backends, index, load, cost and policy behind one synchronous API (module doc)."""
 
@@ -251,8 +254,11 @@ class Fleet(KvEventsMixin, EngineReportsMixin):
                 listener.on_dispatch(ticket, decision, req, now)
                 told += 1
             window = self.index.url_to_model[b.url].capacity_blocks  # one cache turnover
-            cap = self.config.max_index_entries  # 0: the index is sized to the models
-            share = cap // max(1, len(self._backends)) if cap else 4 * window
+            # the working sets together stay within the index's budget: its size, or the
+            # 2M entries of the old fixed cap on fleets of smaller caches (where each keeps
+            # up to 4 x its cache, as before)
+            budget = self.config.max_index_entries or max(self.index.max_entries, WS_BUDGET)
+            share = budget // max(1, len(self._backends))
             b.learn_reuse(req.block_hashes, num_held, window, share)
             if req.session is not None:  # last: a hook that raised leaves the session as it was
                 self.sessions.put(session_key(req.model, req.session), b.url, now)
