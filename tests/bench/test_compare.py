@@ -61,13 +61,12 @@ def test_kvroute_policy_args_are_checked_and_passed_as_flags():
         parse_router("kvroute:least_load:max_ties")
 
 
-def test_a_router_config_goes_to_kvroute_only_and_may_not_name_backends(tmp_path):
+def test_a_router_config_goes_to_kvroute_and_may_not_name_backends(tmp_path):
     good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
     good.write_text("fleet: {max_index_entries: 5}\n")
     bad.write_text("backends: [{url: 'http://x:1'}]\n")
     cmd = router_command(parse_router("kvroute"), ["http://a:1"], 9, config_path=str(good))
     assert cmd[cmd.index("--config") + 1] == str(good)
-    assert "--config" not in router_command(parse_router("sglang"), ["http://a:1"], 9, (), "x")
     with pytest.raises(ValueError, match="lists backends"):
         CompareConfig("gsp", ("kvroute",), router_config=str(bad))
     with pytest.raises(ValueError, match="No such file"):
