@@ -9,7 +9,7 @@ times (``--workload-arg tile=N``: independent copies, load x N), so every fleet 
 the same traffic per replica. Cells are mean over seeds with the range; hit rates are
 the engines' counters, also as a share of the pooled-LRU and Belady ceilings (``-`` with
 ``--no-ceilings``, whose cells skip the ceilings' prompt log: 8 bytes per prompt block
-sent, most of the memory of long-context runs on big fleets). The best
+sent, about half the peak memory of an agentic run). The best
 hit rate and P99 of each (workload, size) are marked. Results are appended to
 ``cells.jsonl`` as they come (a long run keeps what it finished, and a rerun with the
 same ``--out`` only runs the cells missing there); ``table.md`` is rewritten after each.

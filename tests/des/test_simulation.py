@@ -219,3 +219,19 @@ def test_thousands_of_sessions_due_at_one_instant_start_without_recursing() -> N
     measured = [r for r in bench.records if not r.warmup]
     assert len(measured) == n and all(r.ok for r in measured)
     assert sum(r.start_s == measured[0].start_s for r in measured) > sys.getrecursionlimit()
+
+
+def test_a_router_config_file_is_read_once_and_may_not_add_backends(tmp_path) -> None:
+    from kvroute.des.router import router_config
+
+    spec, urls = parse_router("kvroute"), ["http://sim-0", "http://sim-1"]
+    path = tmp_path / "router.yaml"
+    path.write_text("fleet: {max_index_entries: 9}\n")
+    config = router_config(spec, urls, str(path))
+    assert config.fleet.max_index_entries == 9
+    assert [b.url for b in config.backends] == urls
+    path.write_text("backends: [{url: 'http://x:1'}]\n")
+    with pytest.raises(ValueError, match="lists backends"):
+        router_config(spec, urls, str(path))
+    with pytest.raises(ValueError, match="No such file"):
+        router_config(spec, urls, str(tmp_path / "none.yaml"))

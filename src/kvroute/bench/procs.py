@@ -146,6 +146,9 @@ def _outside_ephemeral(start: int, stop: int, n: int) -> tuple[int, int]:
     return part if part[1] - part[0] > n else (start, stop)
 
 
+NO_BACKENDS = "the simulated fleet's are used, remove them"
+
+
 def check_router_config(path: str) -> None:
     """A kvroute YAML for a simulated fleet: it must load (ValueError saying what is
     wrong) and list no backends, since the fleet's are added to it."""
@@ -156,8 +159,7 @@ def check_router_config(path: str) -> None:
     except OSError as exc:
         raise ValueError(f"router config {path}: {exc.strerror or exc}") from None
     if config.backends:
-        raise ValueError(f"router config {path} lists backends: the simulated fleet's are "
-                         "used, remove them")  # fmt: skip
+        raise ValueError(f"router config {path} lists backends: {NO_BACKENDS}")
 
 
 def router_command(

@@ -118,7 +118,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--no-ceilings",
         action="store_true",
         help="skip the hit-rate ceilings: their log of every prompt block sent (8 bytes "
-        "each) grows with the run, the largest part of a long-context run's memory",
+        "each) grows with the run: much of a long-context run's memory",
     )
     p.add_argument(
         "--no-fast-forward",

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvroute.bench.procs import RouterSpec, check_router_config
+from kvroute.bench.procs import NO_BACKENDS, RouterSpec
 from kvroute.common.hashing import ROOT_SEED
 from kvroute.common.kv_events import KvEvent
 from kvroute.core.fleet import Fleet
@@ -52,14 +52,18 @@ def router_config(
             f"{spec.kind} runs only in `kvroute compare`"
         )
     args = dict(arg.split("=", 1) for arg in spec.policy_args)
-    if config_path is not None:
-        check_router_config(config_path)
-    return load_config(
-        config_path,
-        backends=urls,
-        overrides={"policy": spec.policy, "mode": spec.mode},
-        policy_args=args or None,
-    )
+    try:  # the file is read once; one that lists backends adds to the fleet's: refused
+        config = load_config(
+            config_path,
+            backends=urls,
+            overrides={"policy": spec.policy, "mode": spec.mode},
+            policy_args=args or None,
+        )
+    except OSError as exc:
+        raise ValueError(f"router config {config_path}: {exc.strerror or exc}") from None
+    if len(config.backends) != len(urls):
+        raise ValueError(f"router config {config_path} lists backends: {NO_BACKENDS}")
+    return config
 
 
 class SimRouter:

@@ -134,7 +134,7 @@ class Simulation:
         self.clients = VirtualClients(self.queue, workload, load, self._submit, progress=progress)
         self.encoder = encoder or PromptEncoder()
         # the ceilings' input: 8 bytes per prompt block sent, which grows with the run and
-        # not with the fleet (long-context runs: most of the memory); ``compute_ceilings`` False
+        # not with the fleet (much of a long-context run's memory); ``compute_ceilings`` False
         # skips it and the ceilings
         self.log = PromptLog(profile.block_size) if compute_ceilings else None
         # every measured inter-token gap, pooled (8 bytes each); records keep their own
