@@ -191,6 +191,11 @@ class Agentic(Workload):
             itertools.accumulate(1.0 / (k + 1) ** p.harness_zipf_s for k in range(p.num_harnesses))
         )
 
+    @property
+    def harness_prompts(self) -> tuple[str, ...]:
+        """The shared harness system prompts, by index."""
+        return tuple(self._harnesses)
+
     def sessions(self) -> Iterator[Session]:
         for index in itertools.count():
             yield self.session(index)
