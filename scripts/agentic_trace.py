@@ -37,7 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workload-arg", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
-    overrides = dict(kv.split("=", 1) for kv in args.workload_arg)
+    overrides = dict(kv.split("=", 1) for kv in args.workload_arg if "=" in kv)
+    if len(overrides) != len(args.workload_arg):
+        ap.error("--workload-arg takes KEY=VALUE")
     try:
         workload = make_workload("agentic", seed=args.seed, overrides=overrides)
         if not isinstance(workload, Agentic):
