@@ -76,8 +76,10 @@ def test_same_arguments_same_rows_and_other_seeds_other_rows():
 def test_bad_arguments_are_refused():
     with pytest.raises(ValueError, match="users"):
         agentic_trace(Agentic(), users=0, duration_s=60.0)
-    with pytest.raises(ValueError, match="duration"):
+    with pytest.raises(ValueError, match="duration_s"):
         agentic_trace(Agentic(), users=1, duration_s=0.0)
+    with pytest.raises(ValueError, match="itl_s"):
+        agentic_trace(Agentic(), users=1, duration_s=60.0, itl_s=-1.0)
 
 
 def test_its_replay_reuses_what_the_sessions_reuse(rows):

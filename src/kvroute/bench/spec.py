@@ -52,10 +52,13 @@ def chat_prompt_tokens(messages: tuple[tuple[str, str], ...]) -> int:
     Exact when no content starts or ends with whitespace (true for all generated text):
     then no tokenizer piece spans a template boundary.
     """
-    total = count_tokens("<|assistant|>\n")
-    for role, content in messages:
-        total += count_tokens(f"<|{role}|>\n") + count_tokens(content) + 1
-    return total
+    return count_tokens("<|assistant|>\n") + sum(message_tokens(*m) for m in messages)
+
+
+def message_tokens(role: str, content: str) -> int:
+    """Tokens of one rendered message, ``<|role|>\\n`` + content + ``\\n`` (as
+    ``chat_prompt_tokens`` counts it)."""
+    return count_tokens(f"<|{role}|>\n") + count_tokens(content) + 1
 
 
 @dataclass(frozen=True, slots=True)

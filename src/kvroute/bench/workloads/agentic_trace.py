@@ -25,7 +25,7 @@ import heapq
 import random
 from dataclasses import dataclass
 
-from kvroute.bench.spec import count_tokens
+from kvroute.bench.spec import message_tokens
 from kvroute.bench.workloads.agentic import Agentic
 from kvroute.bench.workloads.mooncake import MOONCAKE_BLOCK_TOKENS
 
@@ -61,11 +61,15 @@ def agentic_trace(
     start_spread_s: float = 30.0,
 ) -> list[AgenticTraceRow]:
     """The rows that arrive within ``duration_s``, in arrival order (module doc)."""
-    if users < 1 or not duration_s > 0 or min(ttft_s, itl_s, start_spread_s) < 0:
-        raise ValueError("users and duration_s must be positive, the times >= 0")
-    # the system message as the template renders it: "<|system|>\n" + text + "\n"
+    if users < 1:
+        raise ValueError(f"users must be >= 1, got {users}")
+    if not duration_s > 0:
+        raise ValueError(f"duration_s must be > 0, got {duration_s}")
+    if min(ttft_s, itl_s, start_spread_s) < 0:
+        raise ValueError("ttft_s, itl_s and start_spread_s must be >= 0")
+    # harness text -> (its index, the blocks its rendered system message fills)
     harness_of = {
-        text: (k, (count_tokens("<|system|>\n") + count_tokens(text) + 1) // MOONCAKE_BLOCK_TOKENS)
+        text: (k, message_tokens("system", text) // MOONCAKE_BLOCK_TOKENS)
         for k, text in enumerate(workload.harness_prompts)
     }
     ids: dict[tuple[object, ...], int] = {}
@@ -80,7 +84,9 @@ def agentic_trace(
             continue  # this user is done
         index, next_session = next_session, next_session + 1
         turns = workload.session(index)
-        harness, shared_blocks = harness_of[turns[0].messages[0][1]]  # type: ignore[index]
+        system = turns[0].messages
+        assert system is not None, "agentic turns are chat requests"
+        harness, shared_blocks = harness_of[system[0][1]]
         for spec in turns:
             t += spec.think_time_s
             if t > duration_s:
