@@ -154,6 +154,40 @@ def test_a_short_shared_head_is_placed_on_cost_alone():
     assert decision.backend in (B, C) and decision.reason == "load"
 
 
+def test_with_no_idle_backend_a_move_pays_its_recompute_twice():
+    # The 8k-token prefix, its holder 3 s busier than the others. With an idle fleet the
+    # target's 0.8 s recompute is charged once and the request moves; when every backend
+    # has a second of prefill queued, nobody can absorb the recompute and it is charged
+    # twice: the request stays home (unless the pressure gain is off).
+    def decide_with(alt_queue_s: float, cost: CostConfig = CFG) -> Decision:
+        view = FakeView({A: alt_queue_s + 3.0, B: alt_queue_s, C: alt_queue_s}, {A: LONG},
+                        cost=cost)  # fmt: skip
+        request = RouteRequest("r", None, chain((1, LONG), (2, 1)), (LONG + 1) * BS + 5, 16)
+        decision = PrefixPolicy().choose(request, view, 0.0)  # type: ignore[arg-type]
+        assert decision is not None
+        return decision
+
+    assert decide_with(0.0).reason == "load"
+    assert (decide_with(1.0).backend, decide_with(1.0).reason) == (A, "prefix")
+    assert decide_with(1.0, CostConfig(divert_pressure_gain=0.0)).reason == "load"
+
+
+def test_with_no_idle_backend_a_mostly_new_request_is_charged_for_leaving_its_context():
+    # A holds 200 of the prompt's 501 blocks: mostly new, so with idle backends it goes
+    # where it is cheapest (B or C, 0.18 s sooner). With every backend queued, leaving A
+    # recomputes its 3,200 cached tokens on a fleet with no room: it stays.
+    def decide_with(alt_queue_s: float) -> Decision:
+        view = FakeView({A: alt_queue_s + 0.5, B: alt_queue_s, C: alt_queue_s}, {A: 200})
+        request = RouteRequest("r", None, chain((1, 200), (2, 301)), 501 * BS + 5, 16)
+        decision = PrefixPolicy().choose(request, view, 0.0)  # type: ignore[arg-type]
+        assert decision is not None
+        return decision
+
+    idle = decide_with(0.0)
+    assert idle.backend in (B, C) and idle.reason == "load"
+    assert (decide_with(1.0).backend, decide_with(1.0).reason) == (A, "prefix")
+
+
 def test_a_diversion_between_equal_targets_follows_rendezvous_order():
     decision = decide(1.0)
     request_key = chain((1, SHORT), (2, 1))[SHORT]  # the first uncached block on the holder
@@ -182,6 +216,7 @@ def test_the_margin_can_be_turned_off():
         ("divert_recompute_share", -1.0),
         ("divert_recompute_share", 5.0),
         ("divert_min_cached_share", 1.5),
+        ("divert_pressure_gain", -1.0),
     ],
 )
 def test_bad_margin_config_raises_value_error_naming_the_field(field, value):

@@ -111,11 +111,14 @@ class CostConfig:
     # holder's by max(divert_margin_s, divert_margin_fraction x holder's estimate)
     # (``diversion_margin_s``), if the holder's hit is at least ``divert_min_cached_share``
     # of the prompt (else the request is mostly new: placed on cost alone, like a cold
-    # one). core/policy/prefix.py says why these defaults.
+    # one). Under pressure the share grows by ``divert_pressure_gain`` x the share of the
+    # candidates with a prefill queue, and with no idle candidate a mostly new request is
+    # charged too. core/policy/prefix.py says why these defaults.
     divert_margin_s: float = param(0.05, ge=0)
     divert_margin_fraction: float = param(0.2, ge=0, le=1)
     divert_recompute_share: float = param(1.0, ge=0, le=2)
     divert_min_cached_share: float = param(0.5, ge=0, le=1)
+    divert_pressure_gain: float = param(1.0, ge=0, le=4)
 
     def __post_init__(self) -> None:
         check_ranges(self, self.SECTION)
