@@ -216,13 +216,15 @@ class PrefixPolicy(Policy):
         """The candidate worth leaving ``home`` for (class docstring), or None."""
         cost = view.cost
         home_ttft_s, _, home_url, home_cached = home
-        pressure = _busy_share(view, scored) if cost.divert_pressure_gain > 0 else 0.0
+        gain = cost.divert_pressure_gain
         mostly_new = home_cached < cost.divert_min_cached_share * request.num_prompt_tokens
-        if mostly_new and pressure < 1.0:
+        if mostly_new and not (gain > 0 and _busy_share(view, scored) == 1.0):
             return None if scored[0] is home else scored[0]  # mostly new: cost alone
-        share = cost.divert_recompute_share * (1.0 + cost.divert_pressure_gain * pressure)
         bar_s = home_ttft_s - diversion_margin_s(home_ttft_s, cost)
-        shared = None  # the part of the home's hit its running requests use (lazily)
+        # lazily, as most requests stay home before a charge is needed: the part of the
+        # home's hit its running requests use, and the recompute's weight
+        shared, share = 0, 0.0
+        charging = False
         best: Scored | None = None
         best_key: tuple[float, int, int] | None = None
         for s in scored:  # cheapest first: once one is above the bar, all later ones are
@@ -232,9 +234,12 @@ class PrefixPolicy(Policy):
             if url_to_depth[url] >= url_to_depth[home_url]:
                 continue  # another holder of the deepest match is never a diversion
             charged_s = ttft_s
-            if share > 0:
-                if shared is None:
+            if cost.divert_recompute_share > 0:
+                if not charging:
+                    charging = True
                     shared = _shared_head_tokens(request, view, home_url, home_cached)
+                    pressure = 1.0 if mostly_new else _busy_share(view, scored) if gain else 0.0
+                    share = cost.divert_recompute_share * (1.0 + gain * pressure)
                 spread = shared > cached and not view.placement(url, request, cached).hot_blocks
                 # a head copied into room spreads: only the rest of the hit is charged
                 charged_from_s = view.estimate_ttft_s(url, request, shared) if spread else ttft_s
