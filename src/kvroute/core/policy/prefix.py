@@ -223,8 +223,7 @@ class PrefixPolicy(Policy):
         bar_s = home_ttft_s - diversion_margin_s(home_ttft_s, cost)
         # lazily, as most requests stay home before a charge is needed: the part of the
         # home's hit its running requests use, and the recompute's weight
-        shared, share = 0, 0.0
-        charging = False
+        shared, share = 0, None
         best: Scored | None = None
         best_key: tuple[float, int, int] | None = None
         for s in scored:  # cheapest first: once one is above the bar, all later ones are
@@ -235,10 +234,9 @@ class PrefixPolicy(Policy):
                 continue  # another holder of the deepest match is never a diversion
             charged_s = ttft_s
             if cost.divert_recompute_share > 0:
-                if not charging:
-                    charging = True
+                if share is None:
                     shared = _shared_head_tokens(request, view, home_url, home_cached)
-                    pressure = 1.0 if mostly_new else _busy_share(view, scored) if gain else 0.0
+                    pressure = 1.0 if mostly_new else _busy_share(view, scored)
                     share = cost.divert_recompute_share * (1.0 + gain * pressure)
                 spread = shared > cached and not view.placement(url, request, cached).hot_blocks
                 # a head copied into room spreads: only the rest of the hit is charged
