@@ -15,6 +15,12 @@ hit rate and P99 of each (workload, size) are marked. Results are appended to
 same ``--out`` only runs the cells missing there); ``table.md`` is rewritten after each.
 ``--jobs N`` runs N cells at once, one process each (a cell is one simulation, a core's
 work; the cells do not depend on each other, so the figures are the same).
+
+A router written ``NAME@FILE`` runs with the kvroute YAML in FILE (``kvroute simulate
+--router-config``: fleet, cost and policy settings) and keeps the whole string as its
+row's name, so a setting can be measured beside the default in one table:
+
+    python scripts/des_table.py --sizes 8 --routers kvroute,kvroute@trial.yaml --out runs/trial
 """
 
 from __future__ import annotations
@@ -73,8 +79,10 @@ def run_cell(
     if "rates" in fields:
         fields["rates"] = tuple(r * copies for r in fields["rates"])
     load = default_load(w, seed=seed, **fields)
-    bench, speed = simulate_router(parse_router(router), get_profile(profile), size, w, load,
-                                   keep_itl=False, compute_ceilings=ceilings)  # fmt: skip
+    kind, _, config = router.partition("@")
+    bench, speed = simulate_router(parse_router(kind), get_profile(profile), size, w, load,
+                                   keep_itl=False, compute_ceilings=ceilings,
+                                   router_config=config or None)  # fmt: skip
     r = bench.result
     keys = ("engine_prefix_hit_rate", "pooled_lru_hit_rate", "belady_hit_rate",
             "cache_ceiling_hit_rate", "median_ttft_ms", "p99_ttft_ms", "request_throughput",
@@ -147,8 +155,11 @@ def main() -> int:
                         "1,024 backends)")  # fmt: skip
     args = p.parse_args()
     routers = args.routers.split(",")
-    for router in routers:
-        parse_router(router)  # an unknown name fails before hours of runs
+    for router in routers:  # an unknown name or a missing file fails before hours of runs
+        name, _, config = router.partition("@")
+        parse_router(name)
+        if config and not Path(config).is_file():
+            p.error(f"router {router!r}: no such file {config!r}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     log = out / "cells.jsonl"
