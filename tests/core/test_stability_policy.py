@@ -154,25 +154,6 @@ def test_a_short_shared_head_is_placed_on_cost_alone():
     assert decision.backend in (B, C) and decision.reason == "load"
 
 
-def test_a_new_prompt_behind_a_head_held_everywhere_is_placed_as_a_cold_one():
-    # Every backend holds the 8-block head (an app's system prompt); the 32 new blocks are
-    # a new conversation. It is a cold prompt with a shared head: it goes where it evicts
-    # nothing (C has room), not to the momentarily cheapest A, whose cache it would churn.
-    depths = {A: SHORT, B: SHORT, C: SHORT}
-    view = FakeView({A: 0.0, B: 0.010, C: 0.020}, depths, with_room=frozenset({C}))
-    request = RouteRequest("r", None, chain((1, SHORT), (2, 32)), (SHORT + 32) * BS + 5, 16)
-    decision = PrefixPolicy().choose(request, view, 0.0)  # type: ignore[arg-type]
-    assert decision is not None and (decision.backend, decision.reason) == (C, "cold")
-    # held by A alone, the head may be the request's own context: cost alone, as before
-    view = FakeView({A: 0.0, B: 0.010, C: 0.020}, {A: SHORT}, with_room=frozenset({C}))
-    decision = PrefixPolicy().choose(request, view, 0.0)  # type: ignore[arg-type]
-    assert decision is not None and (decision.backend, decision.reason) == (A, "prefix")
-    # with every backend queued the pressure rule charges leaving the home instead
-    busy = FakeView({A: 0.001, B: 0.010, C: 0.020}, depths, with_room=frozenset({C}))
-    decision = PrefixPolicy().choose(request, busy, 0.0)  # type: ignore[arg-type]
-    assert decision is not None and decision.reason != "cold"
-
-
 def test_with_no_idle_backend_a_move_pays_its_recompute_twice():
     # The 8k-token prefix, its holder 3 s busier than the others. With an idle fleet the
     # target's 0.8 s recompute is charged once and the request moves; when every backend

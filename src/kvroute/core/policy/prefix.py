@@ -70,22 +70,14 @@ class PrefixPolicy(Policy):
     new conversation is a new prefix whose placement decides whose context it evicts
     (multiturn in the simulator, 3 seeds: 82.9 -> 84.3 % hit, P99 510 -> 397 ms, where
     the cheapest holder piled conversations onto momentarily short queues). If the
-    home's hit is less than ``divert_min_cached_share`` (half) of the prompt, the request
-    is mostly new: where its new blocks go (and what they evict) matters more than the
-    short head. If that head is held by several candidates (a new conversation after an
-    app's system prompt), it is a cold prompt with a shared head and is placed by the
-    cold rule above ("cold"), for the cold rule's reason: on the whole Mooncake
-    conversation trace, whose requests all start with one shared block, placing these new
-    conversations on the cheapest estimate churned the caches of the momentarily short
-    queues and lost the returning turns' contexts (simulator, llama-3.1-8b, 8 backends:
-    21.4 -> 23.0 % hit, exact 22.2 -> 23.2 %; 16 backends 29.6 -> 31.5 %; BENCHMARKS.md).
-    A head that the home alone holds may be the request's own context, half evicted,
-    whose hit the estimate weighs: then the cheapest candidate wins. Otherwise another
-    candidate wins instead of the home ("load") only if its estimate, plus
-    ``divert_recompute_share`` x the recompute the move causes there (its estimate minus
-    its estimate with the home's hit: the prefix it prefills again, and the cache that
-    evicts), is below the home's by max(``divert_margin_s``, ``divert_margin_fraction`` x
-    the home's estimate). Why:
+    home's hit is less than
+    ``divert_min_cached_share`` (half) of the prompt, the request is mostly new and the
+    cheapest candidate wins, as a cold one would: where its new blocks go (and what they
+    evict) matters more than the short shared head. Otherwise another candidate wins
+    instead of the home ("load") only if its estimate, plus ``divert_recompute_share`` x
+    the recompute the move causes there (its estimate minus its estimate with the home's
+    hit: the prefix it prefills again, and the cache that evicts), is below the home's by
+    max(``divert_margin_s``, ``divert_margin_fraction`` x the home's estimate). Why:
     - the recompute is counted twice, once in the request's own estimate and once for
       whoever queues behind it on the target (the fleet does that much more prefill than
       on the home), so a diversion must pay for what it costs others, not only be faster
@@ -188,19 +180,10 @@ class PrefixPolicy(Policy):
             if session_url not in (None, best[2]) and url_to_depth[session_url] == deepest:
                 best = next(s for s in scored if s[2] == session_url)  # a tie it breaks
                 home_reason = Reason.SESSION
-            if (
-                self.divert
-                and len(holders) > 1
-                and _new_after_shared_head(request, view, best, scored)
-            ):
-                best, reason = self._cold(request, view, scored), Reason.COLD
-            else:
-                diverted = (
-                    self._diversion(request, view, best, scored, url_to_depth)
-                    if self.divert
-                    else None
-                )
-                best, reason = (best, home_reason) if diverted is None else (diverted, Reason.LOAD)
+            diverted = (
+                self._diversion(request, view, best, scored, url_to_depth) if self.divert else None
+            )
+            best, reason = (best, home_reason) if diverted is None else (diverted, Reason.LOAD)
         ttft_s, _, url, cached = best
         first = [url, *(s[2] for s in scored if s[2] != url)]
         return Decision(url, reason, cached, rest_by_load(view, first, self.ranked_limit), ttft_s)
@@ -271,20 +254,6 @@ class PrefixPolicy(Policy):
         if not eligible:
             return []
         return [eligible[(tie_key >> (16 * j)) % len(eligible)] for j in range(self.num_hashed)]
-
-
-def _new_after_shared_head(
-    request: RouteRequest, view: FleetView, home: Scored, scored: list[Scored]
-) -> bool:
-    """Whether ``request``, whose deepest match several candidates hold, is mostly new
-    (``divert_min_cached_share``): a new prompt behind a head held in several places (a
-    new conversation after an app's system prompt), placed as a cold prompt is. Not with
-    every candidate queued and a pressure gain: then leaving the home is charged as a
-    diversion (``PrefixPolicy._diversion``)."""
-    cost = view.cost
-    if home[3] >= cost.divert_min_cached_share * request.num_prompt_tokens:
-        return False
-    return not (cost.divert_pressure_gain > 0 and _busy_share(view, scored) == 1.0)
 
 
 def _busy_share(view: FleetView, scored: list[Scored]) -> float:
