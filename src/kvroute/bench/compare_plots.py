@@ -65,7 +65,14 @@ def plot_bars(outcomes: Mapping[str, RouterOutcome], path: Path, title: str = ""
 
 
 # one colour per reason in every run's plot; diversions in red
-_REASON_COLORS = {"prefix": "C0", "session": "C4", "cold": "C1", "load": "C3", "retry": "C5"}
+_REASON_COLORS = {
+    "prefix": "C0",
+    "session": "C4",
+    "new": "C2",
+    "cold": "C1",
+    "load": "C3",
+    "retry": "C5",
+}
 
 
 def plot_decisions(analysis: DecisionAnalysis, path: Path, title: str = "") -> Path:

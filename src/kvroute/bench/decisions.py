@@ -39,7 +39,7 @@ from kvroute.bench.metrics import RequestRecord, measured, peak_concurrency
 DEFAULT_WINDOWS = 5
 DIVERSION = "load"  # the reason of a request sent away from its prefix's holder
 # reasons in the order tables and plots show them; others follow alphabetically
-REASON_ORDER = ("prefix", "session", "cold", "load", "retry")
+REASON_ORDER = ("prefix", "session", "new", "cold", "load", "retry")
 
 
 @dataclass(frozen=True, slots=True)

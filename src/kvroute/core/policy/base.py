@@ -45,6 +45,7 @@ class Reason(enum.StrEnum):
     SESSION = "session"  # the session's last backend, holding the deepest prefix too
     LOAD = "load"  # less loaded (diverted from a holder, or a load-only policy)
     COLD = "cold"  # no holder: the cheapest candidate
+    NEW = "new"  # mostly new (a short cached head, e.g. a shared system prompt): by cost
     HASH = "hash"  # the prefix's place on the consistent-hash ring
     ROUND_ROBIN = "round_robin"
     RANDOM = "random"

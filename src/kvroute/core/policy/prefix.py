@@ -72,8 +72,9 @@ class PrefixPolicy(Policy):
     the cheapest holder piled conversations onto momentarily short queues). If the
     home's hit is less than
     ``divert_min_cached_share`` (half) of the prompt, the request is mostly new and the
-    cheapest candidate wins, as a cold one would: where its new blocks go (and what they
-    evict) matters more than the short shared head. Otherwise another candidate wins
+    cheapest candidate wins ("new": not a diversion, whatever it leaves), as a cold one
+    would: where its new blocks go (and what they evict) matters more than the short
+    shared head. Otherwise another candidate wins
     instead of the home ("load") only if its estimate, plus ``divert_recompute_share`` x
     the recompute the move causes there (its estimate minus its estimate with the home's
     hit: the prefix it prefills again, and the cache that evicts), is below the home's by
@@ -180,10 +181,15 @@ class PrefixPolicy(Policy):
             if session_url not in (None, best[2]) and url_to_depth[session_url] == deepest:
                 best = next(s for s in scored if s[2] == session_url)  # a tie it breaks
                 home_reason = Reason.SESSION
-            diverted = (
-                self._diversion(request, view, best, scored, url_to_depth) if self.divert else None
-            )
-            best, reason = (best, home_reason) if diverted is None else (diverted, Reason.LOAD)
+            if self.divert and _new_on_cost(request, view, best, scored):
+                best, reason = scored[0], home_reason if scored[0] is best else Reason.NEW
+            else:
+                diverted = (
+                    self._diversion(request, view, best, scored, url_to_depth)
+                    if self.divert
+                    else None
+                )
+                best, reason = (best, home_reason) if diverted is None else (diverted, Reason.LOAD)
         ttft_s, _, url, cached = best
         first = [url, *(s[2] for s in scored if s[2] != url)]
         return Decision(url, reason, cached, rest_by_load(view, first, self.ranked_limit), ttft_s)
@@ -218,8 +224,6 @@ class PrefixPolicy(Policy):
         home_ttft_s, _, home_url, home_cached = home
         gain = cost.divert_pressure_gain
         mostly_new = home_cached < cost.divert_min_cached_share * request.num_prompt_tokens
-        if mostly_new and not (gain > 0 and _busy_share(view, scored) == 1.0):
-            return None if scored[0] is home else scored[0]  # mostly new: cost alone
         bar_s = home_ttft_s - diversion_margin_s(home_ttft_s, cost)
         # lazily, as most requests stay home before a charge is needed: the part of the
         # home's hit its running requests use, and the recompute's weight
@@ -254,6 +258,19 @@ class PrefixPolicy(Policy):
         if not eligible:
             return []
         return [eligible[(tie_key >> (16 * j)) % len(eligible)] for j in range(self.num_hashed)]
+
+
+def _new_on_cost(
+    request: RouteRequest, view: FleetView, home: Scored, scored: list[Scored]
+) -> bool:
+    """Whether ``request`` is mostly new (its home's hit under ``divert_min_cached_share``
+    of the prompt) and so goes to the cheapest candidate, as a new prompt, not charged as
+    a diversion: unless every candidate has prefill queued (with a pressure gain), when
+    leaving the part of its context its home holds is charged (``_diversion``)."""
+    cost = view.cost
+    if home[3] >= cost.divert_min_cached_share * request.num_prompt_tokens:
+        return False
+    return not (cost.divert_pressure_gain > 0 and _busy_share(view, scored) == 1.0)
 
 
 def _busy_share(view: FleetView, scored: list[Scored]) -> float:
