@@ -364,3 +364,25 @@ def test_a_dispatch_that_fails_records_no_session() -> None:
     assert fleet.session_backend(_sreq("x", "s1"), 0.0) is None
     assert fleet.num_sessions(0.0) == 0
     fleet.check_invariants()
+
+
+def test_a_prompt_the_engine_will_refuse_is_routed_but_leaves_the_cache_model_alone():
+    # An 80k-token prompt over a 32k context: the engine answers 400 and caches nothing.
+    # Recorded, its blocks would push real prefixes out of the backend's cache model.
+    import dataclasses
+
+    fleet = make_fleet(n=2, capacity=100)
+    home = chain((1, 60))
+    decision, ticket = serve(fleet, req("a", home))
+    held = fleet.index.num_blocks(decision.backend)
+    assert held == 60
+    huge = dataclasses.replace(req("b", chain((2, 5000))), cacheable=False)
+    refused, refused_ticket = serve(fleet, huge, 1.0)
+    assert fleet.index.num_blocks(refused.backend) == (
+        held if refused.backend == decision.backend else 0
+    )
+    assert fleet.predicted_cached_tokens(decision.backend, req("c", home)) > 0  # still home
+    fleet.finish(refused_ticket, 1.1, True)  # the proxy relays the 400: the backend did fine
+    fleet.finish(ticket, 2.0, True)
+    fleet.check_invariants()
+    assert all(s.in_flight_requests == 0 for s in fleet.backend_states())

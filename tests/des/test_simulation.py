@@ -143,12 +143,15 @@ def test_duration_bounds_the_run_in_engine_time() -> None:
     assert w.result["completed"] > 0
 
 
-def test_a_prompt_too_long_for_the_engine_fails_with_400_and_is_not_routed() -> None:
+def test_a_prompt_too_long_for_the_engine_is_sent_and_refused_with_400() -> None:
+    # As on the HTTP rig: the router sends it (it knows the context length, not the exact
+    # tokens of a text prompt), the engine answers 400 on arrival and runs nothing
     profile = small_profile(kv_capacity_tokens=496, max_model_len=496)
     bench = simulate("kvroute", "gsp", profile=profile, num_requests=10)
     assert bench.result["failed"] == 10
     assert {r.status for r in bench.records} == {400}
-    assert all(r.backend is None for r in bench.records)
+    assert all(r.backend is not None and r.e2e_s > 0 for r in bench.records)
+    assert all(row["prefix_cache_queries"] == 0 for row in bench.result["per_backend"])
 
 
 def test_records_match_the_engine_counters() -> None:

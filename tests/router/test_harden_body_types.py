@@ -160,3 +160,22 @@ def test_any_body_parses_or_is_a_bad_request(body: dict[str, Any], chat: bool) -
     assert parsed.model is None or isinstance(parsed.model, str)
     ids = parsed.prompt.token_ids
     assert ids is None or all(0 <= t <= keys.MAX_TOKEN_ID for t in ids)
+
+
+async def test_a_text_prompt_beyond_the_context_is_sent_but_not_recorded(harness: Harness) -> None:
+    # The router cannot count a text prompt's tokens exactly, so it forwards it and lets
+    # the engine refuse it; its estimate says the engine will, so none of its blocks
+    # enter the cache model, where they would push out what the engine really holds.
+    b = await harness.backend("a")
+    b.state.max_model_len = 64
+    client = await harness.router([b.url])
+    index = harness.state(client).fleet.index
+    resp = await client.post(
+        "/v1/completions", data=json.dumps({"model": "m1", "prompt": "word " * 4000})
+    )
+    assert b.state.requests  # forwarded: the engine decides
+    await resp.read()
+    assert index.num_blocks(b.url) == 0
+    resp = await client.post("/v1/completions", data=json.dumps({"model": "m1", "prompt": "hi"}))
+    await resp.read()
+    assert_no_load(harness.state(client))

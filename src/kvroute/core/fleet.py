@@ -247,7 +247,10 @@ class Fleet(KvEventsMixin, EngineReportsMixin):
         b.acquire(ticket, means)
         told = 0  # listeners that heard of the dispatch
         try:
-            if not self.sync.speculate(b.url, ticket.ticket_id, req.block_hashes, now):
+            cacheable = req.cacheable
+            if cacheable and not self.sync.speculate(
+                b.url, ticket.ticket_id, req.block_hashes, now
+            ):
                 self.index.insert(b.url, req.block_hashes)
             self._reorder(b)
             for listener in self.listeners:
@@ -259,13 +262,15 @@ class Fleet(KvEventsMixin, EngineReportsMixin):
             # up to 4 x its cache, as before)
             budget = self.config.max_index_entries or max(self.index.max_entries, WS_BUDGET)
             share = budget // max(1, len(self._backends))
-            b.learn_reuse(req.block_hashes, num_held, window, share)
+            if cacheable:
+                b.learn_reuse(req.block_hashes, num_held, window, share)
             if req.session is not None:  # last: a hook that raised leaves the session as it was
                 self.sessions.put(session_key(req.model, req.session), b.url, now)
             capacity = (b.num_gpu_blocks or self.config.default_capacity_blocks) * (
                 b.block_size or self.config.default_block_size
             )
-            self.turnover.add(b.url, ticket.uncached_tokens, capacity, len(self._backends))
+            if cacheable:
+                self.turnover.add(b.url, ticket.uncached_tokens, capacity, len(self._backends))
         except BaseException:
             self._undo_dispatch(b, ticket, means_before, now, told)
             raise

@@ -70,9 +70,15 @@ class SimRouter:
     """A Fleet and its inputs in virtual time (module doc)."""
 
     def __init__(
-        self, spec: RouterSpec, urls: Sequence[str], model: str, config_path: str | None = None
+        self,
+        spec: RouterSpec,
+        urls: Sequence[str],
+        model: str,
+        config_path: str | None = None,
+        max_model_len: int | None = None,
     ) -> None:
         self.spec = spec
+        self.max_model_len = max_model_len  # what the live router reads off /v1/models
         self.config = router_config(spec, urls, config_path)
         self.fleet = Fleet(
             make_policy(self.config.policy, self.config.policy_params), self.config.fleet
@@ -111,7 +117,9 @@ class SimRouter:
             keys, text_bytes = text_route_keys(text, fleet.block_size_for(model), ROOT_SEED)
             num_tokens = fleet.prompt_tokens_estimate(model, text_bytes)
         session = session_hint(dict(headers), {}, self.config.sessions)
-        req = RouteRequest(request_id, model, keys, num_tokens, max_tokens, session)
+        limit = self.max_model_len
+        cacheable = limit is None or num_tokens < limit  # as router/route_request.py says
+        req = RouteRequest(request_id, model, keys, num_tokens, max_tokens, session, cacheable)
         decision = fleet.route(req, at)
         if decision is None:
             return None
@@ -129,6 +137,10 @@ class SimRouter:
         if routed.text_bytes is not None:
             fleet.observe_prompt_tokens(self.model, routed.text_bytes, prompt_tokens)
         fleet.finish(routed.ticket, at, True)
+
+    def refused(self, routed: Routed, at: float) -> None:
+        """The engine answered 4xx: the proxy relays it, and the backend did not fail."""
+        self.fleet.finish(routed.ticket, at, True)
 
     def scraped(self, url: str, stats: EngineStats) -> None:
         self.fleet.update_engine_stats(

@@ -118,7 +118,9 @@ class Simulation:
         self.urls = list(urls) if urls is not None else backend_urls(num_backends)
         if len(self.urls) != num_backends or len(set(self.urls)) != num_backends:
             raise ValueError(f"need {num_backends} distinct backend URLs, got {self.urls}")
-        self.router = SimRouter(spec, self.urls, profile.name, router_config)
+        self.router = SimRouter(
+            spec, self.urls, profile.name, router_config, max_model_len=profile.max_model_len
+        )
         exact = self.router.exact
         self.backends = {
             url: SimBackend(
@@ -190,23 +192,24 @@ class Simulation:
         given = spec.prompt_token_ids  # the workload's, when it made them with the text
         ids = list(given) if given is not None else self.encoder.encode(text)
         profile = self.profile
-        problem = size_error(profile, len(ids), spec.max_tokens)  # the engine would say 400
         self._next_id += 1
         rid = f"{self._next_id:x}"
-        hashes: list[int] = []
-        if problem is None:
-            hashes = token_block_hashes(ids, profile.block_size, ROOT_SEED)
-            if self.log is not None:
-                self.log.add(hashes, len(ids), counted=not warmup)
-            routed = self.router.route(
-                at, rid, text, hashes, len(ids), spec.max_tokens, spec.headers
-            )
-            if routed is None:
-                problem = NO_BACKEND
-        if problem is not None or routed is None:
-            done(at, _failed(spec, at - t0, warmup, problem or "", len(ids)))
+        hashes = token_block_hashes(ids, profile.block_size, ROOT_SEED)
+        # a request no engine can run is routed and sent all the same, as the live router
+        # does (it knows the context length, not the prompt's exact tokens), and the
+        # engine answers 400 on arrival
+        refusal = size_error(profile, len(ids), spec.max_tokens)
+        if refusal is None and self.log is not None:
+            self.log.add(hashes, len(ids), counted=not warmup)
+        routed = self.router.route(at, rid, text, hashes, len(ids), spec.max_tokens, spec.headers)
+        if routed is None:
+            done(at, _failed(spec, at - t0, warmup, NO_BACKEND, len(ids)))
             return
-        self._in_flight[rid] = _InFlight(spec, routed, at, t0, warmup, done, len(ids))
+        r = _InFlight(spec, routed, at, t0, warmup, done, len(ids))
+        if refusal is not None:
+            self.queue.push(at + self._arrive_delay, ARRIVE, self._refused, (r, refusal))
+            return
+        self._in_flight[rid] = r
         backend = self.backends[routed.decision.backend]
         arrive = (rid, ids, spec.max_tokens, list(hashes))  # the engine extends its copy
         self.queue.push(at + self._arrive_delay, ARRIVE, backend.on_arrive, arrive)
@@ -249,6 +252,18 @@ class Simulation:
     def _deliver_kv(self, at: float, arg: tuple[str, float, list[KvEvent]]) -> None:
         url, published_at, events = arg
         self.router.kv_batch(url, published_at, events, at)
+
+    def _refused(self, at: float, refused: tuple[_InFlight, str]) -> None:
+        """The engine answered 400 (the request does not fit its context) on arrival."""
+        r, error = refused
+        self.router.refused(r.routed, at)
+        record = _record(
+            r.spec, r.sent_at - r.t0, r.warmup, ok=False, ttft_s=None, itl_s=(),
+            e2e_s=at - r.sent_at, prompt_tokens=r.num_prompt_tokens, output_tokens=0,
+            cached_tokens=None, backend=r.routed.decision.backend,
+            decision=str(r.routed.decision.reason), status=400, error=error,
+        )  # fmt: skip
+        r.done(at, record)
 
     def _finish(self, r: _InFlight, at: float, cached: int) -> None:
         self.router.finished(r.routed, at, prompt_tokens=r.num_prompt_tokens, cached_tokens=cached)

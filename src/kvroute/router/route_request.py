@@ -113,6 +113,7 @@ async def route_request(
     prompt = body.get("prompt")
     if not chat and isinstance(prompt, list) and len(prompt) > 1 and type(prompt[0]) is not int:
         text_bytes = None  # a batch: the usage counts every prompt, the keys only the first
+    limit = state.backends.max_model_len(model) if model is not None else None
     route_req = RouteRequest(
         request_id=rid,
         model=model,
@@ -120,6 +121,8 @@ async def route_request(
         num_prompt_tokens=num_tokens,
         max_tokens=parsed.max_tokens,
         session=session_hint(request.headers, body, state.config.sessions),
+        # a text prompt's count is an estimate: the engine decides, the cache model waits
+        cacheable=limit is None or num_tokens < limit,
     )
     return route_req, parsed.stream, body, text_bytes
 

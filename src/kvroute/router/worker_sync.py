@@ -134,7 +134,8 @@ class FleetBus:
     ) -> None:
         if not self._replaying:
             self._send(_KIND_DISPATCH, ticket.ticket_id, ticket.url, decision.reason,
-                       req.request_id, req.model, list(req.block_hashes),
+                       req.request_id, req.model,
+                       list(req.block_hashes) if req.cacheable else [],  # nothing to record
                        req.num_prompt_tokens, req.max_tokens, now, req.session)  # fmt: skip
 
     def on_first_token(self, ticket: Ticket, now: float, cached_tokens: int | None) -> None:

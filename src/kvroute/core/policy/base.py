@@ -35,6 +35,10 @@ class RouteRequest:
     # client session identity (a session header or the body's "user"), None without one;
     # the Fleet keys it per model, so one id on two models is two sessions
     session: str | None = None
+    # False: the prompt is longer than the model's context (by the router's count), so the
+    # engine will refuse it and cache nothing: the Fleet routes and counts it, but records
+    # none of its blocks (a refused 80k-token prompt would flush a cache model's share)
+    cacheable: bool = True
 
 
 class Reason(enum.StrEnum):
