@@ -369,8 +369,6 @@ def test_a_dispatch_that_fails_records_no_session() -> None:
 def test_a_prompt_the_engine_will_refuse_is_routed_but_leaves_the_cache_model_alone():
     # An 80k-token prompt over a 32k context: the engine answers 400 and caches nothing.
     # Recorded, its blocks would push real prefixes out of the backend's cache model.
-    import dataclasses
-
     fleet = make_fleet(n=2, capacity=100)
     home = chain((1, 60))
     decision, ticket = serve(fleet, req("a", home))

@@ -369,3 +369,27 @@ async def test_fleet_bus_carries_the_session_with_a_dispatch(tmp_path: Path) -> 
         assert fleets[1].num_sessions(1.0) == 1
         for fleet in fleets:
             fleet.check_invariants()
+
+
+async def test_fleet_bus_records_no_blocks_of_a_prompt_the_engine_will_refuse(
+    tmp_path: Path,
+) -> None:
+    """A dispatch over the context counts as load in every worker and enters no worker's
+    cache model (its keys travel for the load's cached share, its flag says not to record)."""
+    urls = ["http://127.0.0.1:1", "http://127.0.0.1:2"]
+    fleets = [build_fleet("prefix") for _ in range(2)]
+    for fleet in fleets:
+        for url in urls:
+            fleet.add_backend(url)
+    refused = RouteRequest("r1", None, [31, 32, 33], 64, 4, cacheable=False)
+    async with bus_pair(tmp_path, fleets) as buses:
+        assert await buses[1].wait_connected(10.0)
+        decision = fleets[0].route(refused, 0.0)
+        assert decision is not None
+        ticket = fleets[0].dispatch(decision, refused, 0.0)
+        await until(lambda: bool(buses[1].peers[0].shadows))
+        assert [f.index.num_blocks(decision.backend) for f in fleets] == [0, 0]
+        fleets[0].finish(ticket, 1.0, True)
+        await until(lambda: not buses[1].peers[0].shadows)
+        for fleet in fleets:
+            fleet.check_invariants()

@@ -247,8 +247,8 @@ class Fleet(KvEventsMixin, EngineReportsMixin):
         b.acquire(ticket, means)
         told = 0  # listeners that heard of the dispatch
         try:
-            cacheable = req.cacheable
-            if cacheable and not self.sync.speculate(
+            # a prompt the engine will refuse caches nothing there: none of it is recorded
+            if req.cacheable and not self.sync.speculate(
                 b.url, ticket.ticket_id, req.block_hashes, now
             ):
                 self.index.insert(b.url, req.block_hashes)
@@ -256,25 +256,31 @@ class Fleet(KvEventsMixin, EngineReportsMixin):
             for listener in self.listeners:
                 listener.on_dispatch(ticket, decision, req, now)
                 told += 1
-            window = self.index.url_to_model[b.url].capacity_blocks  # one cache turnover
-            # the working sets together stay within the index's budget: its size, or the
-            # 2M entries of the old fixed cap on fleets of smaller caches (where each keeps
-            # up to 4 x its cache, as before)
-            budget = self.config.max_index_entries or max(self.index.max_entries, WS_BUDGET)
-            share = budget // max(1, len(self._backends))
-            if cacheable:
-                b.learn_reuse(req.block_hashes, num_held, window, share)
+            if req.cacheable:
+                self._learn_cache_use(b, req, ticket, num_held)
             if req.session is not None:  # last: a hook that raised leaves the session as it was
                 self.sessions.put(session_key(req.model, req.session), b.url, now)
-            capacity = (b.num_gpu_blocks or self.config.default_capacity_blocks) * (
-                b.block_size or self.config.default_block_size
-            )
-            if cacheable:
-                self.turnover.add(b.url, ticket.uncached_tokens, capacity, len(self._backends))
         except BaseException:
             self._undo_dispatch(b, ticket, means_before, now, told)
             raise
         return ticket
+
+    def _learn_cache_use(
+        self, b: Backend, req: RouteRequest, ticket: Ticket, num_held: int
+    ) -> None:
+        """What a dispatch tells of ``b``'s cache: which blocks are reused (its working set)
+        and how fast new ones come in (its turnover)."""
+        window = self.index.url_to_model[b.url].capacity_blocks  # one cache turnover
+        # the working sets together stay within the index's budget: its size, or the
+        # 2M entries of the old fixed cap on fleets of smaller caches (where each keeps
+        # up to 4 x its cache, as before)
+        budget = self.config.max_index_entries or max(self.index.max_entries, WS_BUDGET)
+        share = budget // max(1, len(self._backends))
+        b.learn_reuse(req.block_hashes, num_held, window, share)
+        capacity = (b.num_gpu_blocks or self.config.default_capacity_blocks) * (
+            b.block_size or self.config.default_block_size
+        )
+        self.turnover.add(b.url, ticket.uncached_tokens, capacity, len(self._backends))
 
     def _undo_dispatch(
         self, b: Backend, ticket: Ticket, means: tuple[float, float], now: float, told: int

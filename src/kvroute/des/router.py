@@ -26,7 +26,7 @@ from kvroute.core.fleet import Fleet
 from kvroute.core.keys import text_route_keys
 from kvroute.core.load import Ticket
 from kvroute.core.policy import make_policy
-from kvroute.core.policy.base import Decision, RouteRequest
+from kvroute.core.policy.base import Decision, RouteRequest, fits_context
 from kvroute.engine.engine import EngineStats
 from kvroute.router.config import RouterConfig, load_config
 from kvroute.router.route_request import session_hint
@@ -117,8 +117,7 @@ class SimRouter:
             keys, text_bytes = text_route_keys(text, fleet.block_size_for(model), ROOT_SEED)
             num_tokens = fleet.prompt_tokens_estimate(model, text_bytes)
         session = session_hint(dict(headers), {}, self.config.sessions)
-        limit = self.max_model_len
-        cacheable = limit is None or num_tokens < limit  # as router/route_request.py says
+        cacheable = fits_context(num_tokens, self.max_model_len)
         req = RouteRequest(request_id, model, keys, num_tokens, max_tokens, session, cacheable)
         decision = fleet.route(req, at)
         if decision is None:

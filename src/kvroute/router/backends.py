@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from kvroute.common.vllm_metrics import EngineMetrics
+from kvroute.core.policy.base import fits_context
 from kvroute.router.breaker import CircuitBreaker, CircuitState
 from kvroute.router.config import BackendConfig, BreakerConfig, HealthConfig
 from kvroute.router.errors import BadRequest
@@ -266,7 +267,7 @@ class Backends:
         if field is not None and parsed.max_tokens > limit:
             raise BadRequest(f"'{field}' must be at most {limit}, the context length of '{model}'")
         ids = parsed.prompt.token_ids
-        if ids is not None and len(ids) >= limit:  # vLLM keeps room for one output token
+        if ids is not None and not fits_context(len(ids), limit):
             raise BadRequest(
                 f"'prompt' holds {len(ids)} token ids; the context length of '{model}' is {limit}"
             )

@@ -134,9 +134,9 @@ class FleetBus:
     ) -> None:
         if not self._replaying:
             self._send(_KIND_DISPATCH, ticket.ticket_id, ticket.url, decision.reason,
-                       req.request_id, req.model,
-                       list(req.block_hashes) if req.cacheable else [],  # nothing to record
-                       req.num_prompt_tokens, req.max_tokens, now, req.session)  # fmt: skip
+                       req.request_id, req.model, list(req.block_hashes),
+                       req.num_prompt_tokens, req.max_tokens, now, req.session,
+                       req.cacheable)  # fmt: skip
 
     def on_first_token(self, ticket: Ticket, now: float, cached_tokens: int | None) -> None:
         if not self._replaying:
@@ -214,7 +214,8 @@ class FleetBus:
             ticket_id, url, reason, request_id, model, hashes, prompt, max_tokens, now = rest[:9]
             # the session, so every worker's table sends the session's next turn home
             session = rest[9] if len(rest) > 9 and isinstance(rest[9], str) else None
-            req = RouteRequest(request_id, model, hashes, prompt, max_tokens, session)
+            cacheable = rest[10] if len(rest) > 10 and isinstance(rest[10], bool) else True
+            req = RouteRequest(request_id, model, hashes, prompt, max_tokens, session, cacheable)
             try:
                 peer.shadows[ticket_id] = self.fleet.dispatch(
                     Decision(url, reason, 0, (url,)), req, now

@@ -41,6 +41,12 @@ class RouteRequest:
     cacheable: bool = True
 
 
+def fits_context(num_prompt_tokens: int, max_model_len: int | None) -> bool:
+    """Whether a prompt of ``num_prompt_tokens`` fits a context of ``max_model_len`` (None:
+    unknown, assumed to fit): vLLM keeps room for one output token."""
+    return max_model_len is None or num_prompt_tokens < max_model_len
+
+
 class Reason(enum.StrEnum):
     """Why a decision chose its backend (the ``x-kvroute-decision`` header, the
     ``reason`` label of ``kvroute_requests_total``)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from kvroute.core.cost import diversion_margin_s
+from kvroute.core.cost import CostConfig, diversion_margin_s
 from kvroute.core.params import check_ranges, param
 from kvroute.core.policy.base import (
     Decision,
@@ -181,15 +181,10 @@ class PrefixPolicy(Policy):
             if session_url not in (None, best[2]) and url_to_depth[session_url] == deepest:
                 best = next(s for s in scored if s[2] == session_url)  # a tie it breaks
                 home_reason = Reason.SESSION
-            if self.divert and _new_on_cost(request, view, best, scored):
-                best, reason = scored[0], home_reason if scored[0] is best else Reason.NEW
-            else:
-                diverted = (
-                    self._diversion(request, view, best, scored, url_to_depth)
-                    if self.divert
-                    else None
-                )
-                best, reason = (best, home_reason) if diverted is None else (diverted, Reason.LOAD)
+            reason = home_reason
+            moved = self._away(request, view, best, scored, url_to_depth) if self.divert else None
+            if moved is not None:
+                best, reason = moved
         ttft_s, _, url, cached = best
         first = [url, *(s[2] for s in scored if s[2] != url)]
         return Decision(url, reason, cached, rest_by_load(view, first, self.ranked_limit), ttft_s)
@@ -212,6 +207,21 @@ class PrefixPolicy(Policy):
         return min(spare or fit, key=lambda s: (round(view.cache_turnover(s[2]), 9), s))
 
     @staticmethod
+    def _away(
+        request: RouteRequest,
+        view: FleetView,
+        home: Scored,
+        scored: list[Scored],
+        url_to_depth: dict[str, int],
+    ) -> tuple[Scored, Reason] | None:
+        """Where the request goes instead of ``home``, and why, or None: a mostly new one
+        to the cheapest candidate ("new"), else a diversion worth its charge ("load")."""
+        if _new_on_cost(request, view, home, scored):
+            return None if scored[0] is home else (scored[0], Reason.NEW)
+        diverted = PrefixPolicy._diversion(request, view, home, scored, url_to_depth)
+        return None if diverted is None else (diverted, Reason.LOAD)
+
+    @staticmethod
     def _diversion(
         request: RouteRequest,
         view: FleetView,
@@ -223,7 +233,7 @@ class PrefixPolicy(Policy):
         cost = view.cost
         home_ttft_s, _, home_url, home_cached = home
         gain = cost.divert_pressure_gain
-        mostly_new = home_cached < cost.divert_min_cached_share * request.num_prompt_tokens
+        mostly_new = _mostly_new(request, home_cached, cost)
         bar_s = home_ttft_s - diversion_margin_s(home_ttft_s, cost)
         # lazily, as most requests stay home before a charge is needed: the part of the
         # home's hit its running requests use, and the recompute's weight
@@ -268,9 +278,14 @@ def _new_on_cost(
     a diversion: unless every candidate has prefill queued (with a pressure gain), when
     leaving the part of its context its home holds is charged (``_diversion``)."""
     cost = view.cost
-    if home[3] >= cost.divert_min_cached_share * request.num_prompt_tokens:
+    if not _mostly_new(request, home[3], cost):
         return False
     return not (cost.divert_pressure_gain > 0 and _busy_share(view, scored) == 1.0)
+
+
+def _mostly_new(request: RouteRequest, home_cached: int, cost: CostConfig) -> bool:
+    """The home's hit is under ``divert_min_cached_share`` of the prompt."""
+    return home_cached < cost.divert_min_cached_share * request.num_prompt_tokens
 
 
 def _busy_share(view: FleetView, scored: list[Scored]) -> float:
