@@ -38,6 +38,7 @@ class FakeView:
     block_size: int = BS
     rng: Random = field(default_factory=lambda: Random(0))
     excluded: frozenset[str] = frozenset()
+    reuse_concave: bool = False  # the fleet's reuse says: spread new prompts
 
     def candidates(self) -> Sequence[str]:
         return sorted(self.url_to_queue_s)
@@ -157,6 +158,25 @@ def test_a_short_shared_head_is_placed_on_cost_alone():
     view = FakeView({A: 0.0, B: 0.040, C: 0.040}, {A: SHORT})
     decision = PrefixPolicy().choose(request, view, 0.0)  # type: ignore[arg-type]
     assert decision is not None and (decision.backend, decision.reason) == (A, "prefix")
+
+
+def test_a_new_prompt_behind_a_head_held_everywhere_spreads_where_reuse_says_so():
+    # Every backend holds the 8-block head (an app's system prompt); the 32 new blocks are
+    # a new conversation. By default it goes to the cheapest, A. Where the fleet's reuse
+    # crowds just inside its caches' residency it goes where a cold prompt would: C, which
+    # has room (it evicts nothing there).
+    depths = {A: SHORT, B: SHORT, C: SHORT}
+    request = RouteRequest("r", None, chain((1, SHORT), (2, 32)), (SHORT + 32) * BS + 5, 16)
+    for concave, expected in ((False, (A, "new")), (True, (C, "prefix"))):
+        view = FakeView({A: 0.0, B: 0.010, C: 0.020}, depths, with_room=frozenset({C}),
+                        reuse_concave=concave)  # fmt: skip
+        decision = PrefixPolicy().choose(request, view, 0.0)  # type: ignore[arg-type]
+        assert decision is not None and (decision.backend, decision.reason) == expected
+    # a head A alone holds may be the request's own context: cost alone, either way
+    view = FakeView({A: 0.040, B: 0.0, C: 0.010}, {A: SHORT}, with_room=frozenset({C}),
+                    reuse_concave=True)  # fmt: skip
+    decision = PrefixPolicy().choose(request, view, 0.0)  # type: ignore[arg-type]
+    assert decision is not None and (decision.backend, decision.reason) == (B, "new")
 
 
 def test_with_no_idle_backend_a_move_pays_its_recompute_twice():

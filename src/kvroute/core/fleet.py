@@ -44,6 +44,7 @@ from kvroute.core.listener import FleetListener
 from kvroute.core.load import MAX_COUNT, Ticket, clamp_count
 from kvroute.core.load_order import LoadOrder
 from kvroute.core.policy.base import Decision, Policy, RouteRequest, cached_tokens_for
+from kvroute.core.reuse_regime import ReuseRegime
 from kvroute.core.served_models import ServedModels
 from kvroute.core.sessions import SessionTable, session_key
 from kvroute.core.turnover import CacheTurnover
@@ -92,6 +93,7 @@ class Fleet(KvEventsMixin, EngineReportsMixin):
         # session key (per model) -> backend of its last dispatch (core/sessions.py)
         self.sessions = SessionTable(self.config.session_ttl_s, self.config.session_max_entries)
         self.turnover = CacheTurnover()  # how fast each cache churns (cold placement)
+        self.reuse = ReuseRegime()  # where reuse falls against the caches' residency
 
     # -- membership --------------------------------------------------------------------
 
@@ -213,6 +215,7 @@ class Fleet(KvEventsMixin, EngineReportsMixin):
             index=self.index,
             sessions=self.sessions,
             turnover=self.turnover,
+            reuse_concave=self.reuse.concave is True,
             eligible=self._served.eligible(req.model),
             model=req.model,
             exclude=frozenset(exclude),
@@ -268,8 +271,9 @@ class Fleet(KvEventsMixin, EngineReportsMixin):
     def _learn_cache_use(
         self, b: Backend, req: RouteRequest, ticket: Ticket, num_held: int
     ) -> None:
-        """What a dispatch tells of ``b``'s cache: which blocks are reused (its working set)
-        and how fast new ones come in (its turnover)."""
+        """What a dispatch tells of ``b``'s cache: which blocks are reused (its working set),
+        how fast new ones come in (its turnover), and of the fleet's: how far apart reuses
+        come (the reuse regime)."""
         window = self.index.url_to_model[b.url].capacity_blocks  # one cache turnover
         # the working sets together stay within the index's budget: its size, or the
         # 2M entries of the old fixed cap on fleets of smaller caches (where each keeps
@@ -281,6 +285,8 @@ class Fleet(KvEventsMixin, EngineReportsMixin):
             b.block_size or self.config.default_block_size
         )
         self.turnover.add(b.url, ticket.uncached_tokens, capacity, len(self._backends))
+        keys = req.block_hashes
+        self.reuse.observe(keys, len(keys) - num_held, self.index.total_capacity_blocks)
 
     def _undo_dispatch(
         self, b: Backend, ticket: Ticket, means: tuple[float, float], now: float, told: int

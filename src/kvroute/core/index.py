@@ -197,6 +197,11 @@ class PrefixIndex:
         self._seq = 0  # global touch counter (recency across backends)
 
     @property
+    def total_capacity_blocks(self) -> int:
+        """The models' sizes together (each capped as an index sized to them caps it)."""
+        return self._capacity_sum
+
+    @property
     def max_entries(self) -> int:
         return self.fixed_cap if self.fixed_cap is not None else max(1, self._capacity_sum)
 

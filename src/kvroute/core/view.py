@@ -57,6 +57,7 @@ class RequestView:
         "_turnover",
         "block_size",
         "cost",
+        "reuse_concave",
         "rng",
     )
 
@@ -68,6 +69,7 @@ class RequestView:
         index: PrefixIndex,
         sessions: SessionTable,
         turnover: CacheTurnover,
+        reuse_concave: bool = False,
         eligible: tuple[str, ...],
         model: str | None,
         exclude: frozenset[str],
@@ -83,6 +85,7 @@ class RequestView:
         self._index = index
         self._sessions = sessions
         self._turnover = turnover
+        self.reuse_concave = reuse_concave  # core/reuse_regime.py: spread new prompts
         self._eligible = eligible
         self._model = model
         self._exclude = exclude

@@ -194,6 +194,12 @@ class FleetView(Protocol):
         ...
 
     @property
+    def reuse_concave(self) -> bool:
+        """The fleet's reuse crowds just inside its caches' residency: spreading new
+        prompts evenly keeps the most (core/reuse_regime.py)."""
+        ...
+
+    @property
     def block_size(self) -> int: ...  # tokens per engine block of the request's model
 
     @property

@@ -1,0 +1,87 @@
+"""The fleet's reuse regime: reuse just inside the caches' residency, or just past it."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvroute.core.reuse_regime import SAMPLES_PER_TURNOVER, ReuseRegime
+
+CAP = 1000  # blocks in the whole fleet's caches
+
+
+def replay(distance: int, steps: int, capacity: int = CAP) -> ReuseRegime:
+    """A new prompt of 10 blocks at every step, and the one ``distance`` blocks older
+    coming back (adding nothing)."""
+    r = ReuseRegime()
+    lag = distance // 10
+    for i in range(steps):
+        r.observe(list(range(10 * i, 10 * i + 10)), 10, capacity)
+        if i >= lag:
+            j = i - lag
+            r.observe(list(range(10 * j, 10 * j + 10)), 0, capacity)
+    return r
+
+
+def test_reuse_just_inside_the_residency_is_concave():
+    r = replay(distance=700, steps=400)
+    assert r.late > 0 and r.ghost == 0
+    assert r.concave is True
+
+
+def test_reuse_just_past_the_residency_is_convex():
+    r = replay(distance=1200, steps=400)
+    assert r.ghost > 0 and r.late == 0
+    assert r.concave is False
+
+
+def test_reuse_far_inside_or_far_past_says_nothing():
+    assert replay(distance=200, steps=400).concave is None  # everything fits
+    assert replay(distance=3000, steps=600).concave is None  # nothing comes back in time
+
+
+def test_a_few_requests_give_no_verdict_however_many_blocks_they_have():
+    r = ReuseRegime()
+    long = list(range(1, 401))  # one request of 400 blocks, back at 700 blocks
+    r.observe(long, 400, CAP)
+    r.observe(list(range(1000, 1300)), 300, CAP)
+    r.observe(long, 0, CAP)
+    assert r.late == 400 and r.concave is None  # 400 blocks, one request
+
+
+def test_balanced_sides_give_no_verdict():
+    r = ReuseRegime()
+    for i in range(600):  # even prompts come back just inside, odd ones just past
+        r.observe(list(range(10 * i, 10 * i + 10)), 10, CAP)
+        for lag in (70, 121):
+            j = i - lag
+            if j >= 0 and j % 2 == lag % 2:
+                r.observe(list(range(10 * j, 10 * j + 10)), 0, CAP)
+    assert r.events > 16 and r.late > 0 and r.ghost > 0
+    assert r.concave is None
+
+
+def test_large_fleets_sample_every_stride_th_block():
+    cap = SAMPLES_PER_TURNOVER * 8
+    steps = int(cap * 0.7) // 10 + 50
+    r = replay(distance=int(cap * 0.7), steps=steps, capacity=cap)
+    assert r.stride == 8
+    assert len(r._current) + len(r._previous) == steps  # the 8th block of each prompt
+    assert r.late > 0 and r.ghost == 0
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 300), st.integers(1, 40)), max_size=200))
+def test_memory_stays_within_what_three_turnovers_add(steps):
+    # a prompt: (first key, length) chains; a known prompt adds nothing
+    r = ReuseRegime()
+    cap = 200
+    seen: set[int] = set()
+    for first, n in steps:
+        keys = [first * 1000 + i for i in range(n)]
+        added = sum(1 for k in keys if k not in seen)
+        seen.update(keys)
+        r.observe(keys, added, cap)
+        entries = len(r._current) + len(r._previous)
+        assert entries <= 3 * cap + 2 * 40 + len(keys)
+        assert r.concave in (True, False, None)
