@@ -161,3 +161,20 @@ def test_bad_session_config_names_the_field(tmp_path: Path, text: str, field: st
     path.write_text(text)
     with pytest.raises(ValueError, match=f"^{field}"):
         load_config(path)
+
+
+async def test_metrics_say_where_the_fleets_reuse_falls(harness: Harness) -> None:
+    a = await harness.backend("a")
+    client = await harness.router([a.url])
+    state = harness.state(client)
+    text = await (await client.get("/metrics")).text()
+    assert "kvroute_reuse_regime 0.0" in text  # nothing seen yet: no verdict
+    reuse, cap = state.fleet.reuse, 1000
+    for i in range(400):  # prompts of 10 blocks, each back 700 added blocks later
+        reuse.observe(list(range(10 * i, 10 * i + 10)), 10, cap)
+        if i >= 70:
+            reuse.observe(list(range(10 * (i - 70), 10 * (i - 70) + 10)), 0, cap)
+    text = await (await client.get("/metrics")).text()
+    assert "kvroute_reuse_regime 1.0" in text
+    assert _sample(state, "kvroute_reuse_late_blocks") == reuse.late > 0
+    assert _sample(state, "kvroute_reuse_ghost_blocks") == 0.0

@@ -34,6 +34,7 @@ from kvroute.router.listener import listener_middleware, server_header
 from kvroute.router.metrics import (
     BackendCollector,
     ProcessCollector,
+    ReuseCollector,
     RouterMetrics,
     SessionCollector,
 )
@@ -126,6 +127,7 @@ def make_app(
     metrics.add_collector(BackendCollector(lambda: backend_rows(state)))
     metrics.add_collector(ProcessCollector(lambda: state.num_in_flight))
     metrics.add_collector(SessionCollector(lambda: fleet.num_sessions(clock())))
+    metrics.add_collector(ReuseCollector(fleet.reuse))
     app = web.Application(
         client_max_size=config.limits.max_body_bytes,
         middlewares=[error_middleware, listener_middleware],

@@ -17,6 +17,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from kvroute.core.reuse_regime import ReuseRegime
+
 LATENCY_BUCKETS_S = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
     1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
@@ -308,6 +310,37 @@ class SessionCollector(Collector):
             "kvroute_sessions_tracked",
             "Client sessions with a remembered backend (within the session TTL)",
             float(self._num_tracked()),
+        )
+
+
+class ReuseCollector(Collector):
+    """Where the fleet's reuse falls against its caches' residency (core/reuse_regime.py):
+    what decides whether new prompts behind a shared head spread or go on cost."""
+
+    def __init__(self, regime: ReuseRegime) -> None:
+        self._regime = regime
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        r = self._regime
+        verdict = {True: 1.0, None: 0.0, False: -1.0}[r.concave]
+        yield GaugeMetricFamily(
+            "kvroute_reuse_regime",
+            "1: reuse crowds just inside the caches' residency (new prompts behind a "
+            "shared head spread evenly); -1: just past it; 0: neither clearly (both on cost)",
+            verdict,
+        )
+        yield GaugeMetricFamily(
+            "kvroute_reuse_late_blocks",
+            "Sampled blocks reused at 1/2-1 cache turnover after their last use (decayed)",
+            r.late,
+        )
+        yield GaugeMetricFamily(
+            "kvroute_reuse_ghost_blocks",
+            "Sampled blocks reused at 1-3/2 cache turnovers after their last use (decayed)",
+            r.ghost,
         )
 
 
