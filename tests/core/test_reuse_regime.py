@@ -46,7 +46,7 @@ def test_a_few_requests_give_no_verdict_however_many_blocks_they_have():
     r.observe(long, 400, CAP)
     r.observe(list(range(1000, 1300)), 300, CAP)
     r.observe(long, 0, CAP)
-    assert r.late == 400 and r.concave is None  # 400 blocks, one request
+    assert r.late == 1.0 and r.concave is None  # 400 blocks, one request: one vote
 
 
 def test_balanced_sides_give_no_verdict():
@@ -57,7 +57,7 @@ def test_balanced_sides_give_no_verdict():
             j = i - lag
             if j >= 0 and j % 2 == lag % 2:
                 r.observe(list(range(10 * j, 10 * j + 10)), 0, CAP)
-    assert r.events > 16 and r.late > 0 and r.ghost > 0
+    assert r.late + r.ghost > 16 and r.late > 0 and r.ghost > 0
     assert r.concave is None
 
 
@@ -85,3 +85,15 @@ def test_memory_stays_within_what_three_turnovers_add(steps):
         entries = len(r._current) + len(r._previous)
         assert entries <= 3 * cap + 2 * 40 + len(keys)
         assert r.concave in (True, False, None)
+
+
+def test_a_small_lead_gives_no_verdict_however_long_the_run():
+    r = ReuseRegime()
+    for i in range(3000):  # 11 of every 20 prompts back just inside, 9 just past
+        r.observe(list(range(10 * i, 10 * i + 10)), 10, CAP)
+        for lag, share in ((70, range(11)), (121, range(11, 20))):
+            j = i - lag
+            if j >= 0 and j % 20 in share:
+                r.observe(list(range(10 * j, 10 * j + 10)), 0, CAP)
+    assert r.late + r.ghost > 200 and r.late > r.ghost > 0
+    assert r.concave is None

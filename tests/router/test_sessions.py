@@ -176,5 +176,5 @@ async def test_metrics_say_where_the_fleets_reuse_falls(harness: Harness) -> Non
             reuse.observe(list(range(10 * (i - 70), 10 * (i - 70) + 10)), 0, cap)
     text = await (await client.get("/metrics")).text()
     assert "kvroute_reuse_regime 1.0" in text
-    assert _sample(state, "kvroute_reuse_late_blocks") == reuse.late > 0
-    assert _sample(state, "kvroute_reuse_ghost_blocks") == 0.0
+    assert _sample(state, "kvroute_reuse_late_requests") == reuse.late > 0
+    assert _sample(state, "kvroute_reuse_ghost_requests") == 0.0

@@ -333,13 +333,13 @@ class ReuseCollector(Collector):
             verdict,
         )
         yield GaugeMetricFamily(
-            "kvroute_reuse_late_blocks",
-            "Sampled blocks reused at 1/2-1 cache turnover after their last use (decayed)",
+            "kvroute_reuse_late_requests",
+            "Requests whose prefix came back 1/2-1 cache turnover after its last use (decayed)",
             r.late,
         )
         yield GaugeMetricFamily(
-            "kvroute_reuse_ghost_blocks",
-            "Sampled blocks reused at 1-3/2 cache turnovers after their last use (decayed)",
+            "kvroute_reuse_ghost_requests",
+            "Requests whose prefix came back 1-3/2 cache turnovers after its last use (decayed)",
             r.ghost,
         )
 
