@@ -5,7 +5,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvroute.core.policy.base import Decision
 from kvroute.core.reuse_regime import SAMPLES_PER_TURNOVER, ReuseRegime
+from tests.core.routing_helpers import chain, make_fleet, req, url
 
 CAP = 1000  # blocks in the whole fleet's caches
 
@@ -97,3 +99,30 @@ def test_a_small_lead_gives_no_verdict_however_long_the_run():
                 r.observe(list(range(10 * j, 10 * j + 10)), 0, CAP)
     assert r.late + r.ghost > 200 and r.late > r.ghost > 0
     assert r.concave is None
+
+
+def test_the_fleet_learns_the_regime_from_its_dispatches_and_shows_it_to_the_policy():
+    seen: list[bool] = []
+    # a new prompt of 7 blocks after a shared one, and the one ``lag`` steps older back on
+    # another backend (7 blocks added again): 14 added a step, so 196 / 280 blocks later
+    for lag, verdict in ((14, True), (20, False)):
+        fleet = make_fleet(n=4, capacity=64)  # 256 blocks in all: late [128, 256)
+        assert fleet.index.total_capacity_blocks == 256
+        prompts = [chain((1, 1), (1000 + i, 7)) for i in range(200)]
+        for i in range(len(prompts)):
+            for j, shift in ((i, 0), (i - lag, 1)):
+                if j < 0:
+                    continue
+                to = url((j + shift) % 4)
+                t = fleet.dispatch(Decision(to, "t", 0, (to,)), req(f"{i}:{j}", prompts[j]), i)
+                fleet.finish(t, float(i), True)
+        assert fleet.reuse.concave is verdict
+        real = fleet.policy.choose
+
+        def choose(r, view, now, real=real):  # what the policy is shown
+            seen.append(view.reuse_concave)
+            return real(r, view, now)
+
+        fleet.policy.choose = choose  # type: ignore[method-assign]
+        fleet.route(req("probe", chain((2, 8))), 300.0)
+    assert seen == [True, False]
