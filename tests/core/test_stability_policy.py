@@ -160,7 +160,7 @@ def test_a_short_shared_head_is_placed_on_cost_alone():
     assert decision is not None and (decision.backend, decision.reason) == (A, "prefix")
 
 
-def test_a_new_prompt_behind_a_head_held_everywhere_spreads_where_reuse_says_so():
+def test_a_mostly_new_prompt_is_placed_as_the_fleets_reuse_says():
     # Every backend holds the 8-block head (an app's system prompt); the 32 new blocks are
     # a new conversation. By default it goes to the cheapest, A. Where the fleet's reuse
     # crowds just inside its caches' residency it goes where a cold prompt would: C, which
@@ -172,11 +172,17 @@ def test_a_new_prompt_behind_a_head_held_everywhere_spreads_where_reuse_says_so(
                         reuse_concave=concave)  # fmt: skip
         decision = PrefixPolicy().choose(request, view, 0.0)  # type: ignore[arg-type]
         assert decision is not None and (decision.backend, decision.reason) == expected
-    # a head A alone holds may be the request's own context: cost alone, either way
-    view = FakeView({A: 0.040, B: 0.0, C: 0.010}, {A: SHORT}, with_room=frozenset({C}),
-                    reuse_concave=True)  # fmt: skip
+    # a head A alone holds may be the request's own context, half evicted: by default on
+    # cost (B); where reuse says spread, leaving it is charged, and B does not pay for it
+    for concave, expected in ((False, (B, "new")), (True, (A, "prefix"))):
+        view = FakeView({A: 0.040, B: 0.0, C: 0.010}, {A: SHORT}, with_room=frozenset({C}),
+                        reuse_concave=concave)  # fmt: skip
+        decision = PrefixPolicy().choose(request, view, 0.0)  # type: ignore[arg-type]
+        assert decision is not None and (decision.backend, decision.reason) == expected
+    # ... and a home much busier still loses it, as any diversion does
+    view = FakeView({A: 2.0, B: 0.0, C: 0.010}, {A: SHORT}, reuse_concave=True)
     decision = PrefixPolicy().choose(request, view, 0.0)  # type: ignore[arg-type]
-    assert decision is not None and (decision.backend, decision.reason) == (B, "new")
+    assert decision is not None and (decision.backend, decision.reason) == (B, "load")
 
 
 def test_with_no_idle_backend_a_move_pays_its_recompute_twice():

@@ -83,9 +83,13 @@ class PrefixPolicy(Policy):
     prompt, not the request's own half-evicted context): then it goes where a cold
     prompt would, since even residency keeps the most there (the whole Mooncake trace,
     whose every request starts with one shared block, in the simulator on
-    llama-3.1-8b: 8 backends 21.5 -> 22.8 % hit, 16 backends 29.6 -> 31.3 %, exact mode
-    21.7 -> 23.0 %; the seven workloads of BENCHMARKS.md's table unchanged but agentic,
-    0.3 points lower). Otherwise another candidate wins
+    llama-3.1-8b: 8 backends 21.4 -> 22.9 % hit over 3 seeds, 16 backends 29.6 -> 31.3 %,
+    exact mode 21.7 -> 23.0 %; the seven workloads of BENCHMARKS.md's table unchanged but
+    agentic, 0.3 points lower). There too, a head its home alone holds (the request's own
+    context, half evicted) is not placed on cost but charged as a diversion, below: what
+    comes back there comes back before the cache drops it, so the rest of that context
+    is worth keeping in one place (the same trace, seeds 0-1: 22.9 -> 23.2 %). Otherwise
+    another candidate wins
     instead of the home ("load") only if its estimate, plus ``divert_recompute_share`` x
     the recompute the move causes there (its estimate minus its estimate with the home's
     hit: the prefix it prefills again, and the cache that evicts), is below the home's by
@@ -232,10 +236,12 @@ class PrefixPolicy(Policy):
         shared_head: bool,
     ) -> tuple[Scored, Reason] | None:
         """Where the request goes instead of ``home``, and why, or None: a mostly new one
-        to the cheapest candidate, or where a cold prompt would go when its head is held
-        in several places and the fleet's reuse says spread ("new"), else a diversion worth
-        its charge ("load")."""
-        if _new_on_cost(request, view, home, scored):
+        to the cheapest candidate, or, where the fleet's reuse says spread, where a cold
+        prompt would go if its head is held in several places ("new"); else (its own
+        context, half evicted, where the reuse says spread) a diversion worth its charge
+        ("load")."""
+        own_context = view.reuse_concave and not shared_head
+        if not own_context and _new_on_cost(request, view, home, scored):
             spread = shared_head and view.reuse_concave
             to = PrefixPolicy._cold(request, view, scored) if spread else scored[0]
             return None if to is home else (to, Reason.NEW)
@@ -254,7 +260,6 @@ class PrefixPolicy(Policy):
         cost = view.cost
         home_ttft_s, _, home_url, home_cached = home
         gain = cost.divert_pressure_gain
-        mostly_new = _mostly_new(request, home_cached, cost)
         bar_s = home_ttft_s - diversion_margin_s(home_ttft_s, cost)
         # lazily, as most requests stay home before a charge is needed: the part of the
         # home's hit its running requests use, and the recompute's weight
@@ -271,7 +276,7 @@ class PrefixPolicy(Policy):
             if cost.divert_recompute_share > 0:
                 if share is None:
                     shared = _shared_head_tokens(request, view, home_url, home_cached)
-                    pressure = 1.0 if mostly_new else _busy_share(view, scored)
+                    pressure = _busy_share(view, scored)
                     share = cost.divert_recompute_share * (1.0 + gain * pressure)
                 spread = shared > cached and not view.placement(url, request, cached).hot_blocks
                 # a head copied into room spreads: only the rest of the hit is charged
