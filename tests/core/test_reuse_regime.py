@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -12,16 +14,24 @@ from tests.core.routing_helpers import chain, make_fleet, req, url
 CAP = 1000  # blocks in the whole fleet's caches
 
 
-def replay(distance: int, steps: int, capacity: int = CAP) -> ReuseRegime:
+def replay(
+    distance: int,
+    steps: int,
+    capacity: int = CAP,
+    *,
+    into: ReuseRegime | None = None,
+    back: Sequence[tuple[int, Callable[[int], bool]]] = (),
+) -> ReuseRegime:
     """A new prompt of 10 blocks at every step, and the one ``distance`` blocks older
-    coming back (adding nothing)."""
-    r = ReuseRegime()
-    lag = distance // 10
+    coming back (adding nothing); ``back``: instead, (distance, which prompts) pairs."""
+    r = into if into is not None else ReuseRegime()
+    returns = back or ((distance, lambda j: True),)
     for i in range(steps):
         r.observe(list(range(10 * i, 10 * i + 10)), 10, capacity)
-        if i >= lag:
-            j = i - lag
-            r.observe(list(range(10 * j, 10 * j + 10)), 0, capacity)
+        for d, which in returns:
+            j = i - d // 10
+            if j >= 0 and which(j):
+                r.observe(list(range(10 * j, 10 * j + 10)), 0, capacity)
     return r
 
 
@@ -52,13 +62,8 @@ def test_a_few_requests_give_no_verdict_however_many_blocks_they_have():
 
 
 def test_balanced_sides_give_no_verdict():
-    r = ReuseRegime()
-    for i in range(600):  # even prompts come back just inside, odd ones just past
-        r.observe(list(range(10 * i, 10 * i + 10)), 10, CAP)
-        for lag in (70, 121):
-            j = i - lag
-            if j >= 0 and j % 2 == lag % 2:
-                r.observe(list(range(10 * j, 10 * j + 10)), 0, CAP)
+    # even prompts come back just inside, odd ones just past
+    r = replay(0, 600, back=((700, lambda j: j % 2 == 0), (1210, lambda j: j % 2 == 1)))
     assert r.late + r.ghost > 16 and r.late > 0 and r.ghost > 0
     assert r.concave is None
 
@@ -90,13 +95,9 @@ def test_memory_stays_within_what_three_turnovers_add(steps):
 
 
 def test_a_small_lead_gives_no_verdict_however_long_the_run():
-    r = ReuseRegime()
-    for i in range(3000):  # 11 of every 20 prompts back just inside, 9 just past
-        r.observe(list(range(10 * i, 10 * i + 10)), 10, CAP)
-        for lag, share in ((70, range(11)), (121, range(11, 20))):
-            j = i - lag
-            if j >= 0 and j % 20 in share:
-                r.observe(list(range(10 * j, 10 * j + 10)), 0, CAP)
+    # 11 of every 20 prompts come back just inside, 9 just past
+    inside, past = (lambda j: j % 20 < 11), (lambda j: j % 20 >= 11)
+    r = replay(0, 3000, back=((700, inside), (1210, past)))
     assert r.late + r.ghost > 200 and r.late > r.ghost > 0
     assert r.concave is None
 

@@ -11,6 +11,7 @@ from kvroute.core.policy.base import RouteRequest
 from kvroute.router.cli import add_parser, config_from_args
 from kvroute.router.config import SessionConfig, load_config
 from kvroute.router.state import RouterState
+from tests.core.test_reuse_regime import replay
 from tests.router.conftest import Harness
 
 BODY = {"model": "m1", "prompt": "hello", "max_tokens": 4}
@@ -169,11 +170,7 @@ async def test_metrics_say_where_the_fleets_reuse_falls(harness: Harness) -> Non
     state = harness.state(client)
     text = await (await client.get("/metrics")).text()
     assert "kvroute_reuse_regime 0.0" in text  # nothing seen yet: no verdict
-    reuse, cap = state.fleet.reuse, 1000
-    for i in range(400):  # prompts of 10 blocks, each back 700 added blocks later
-        reuse.observe(list(range(10 * i, 10 * i + 10)), 10, cap)
-        if i >= 70:
-            reuse.observe(list(range(10 * (i - 70), 10 * (i - 70) + 10)), 0, cap)
+    reuse = replay(distance=700, steps=400, into=state.fleet.reuse)  # just inside
     text = await (await client.get("/metrics")).text()
     assert "kvroute_reuse_regime 1.0" in text
     assert _sample(state, "kvroute_reuse_late_requests") == reuse.late > 0

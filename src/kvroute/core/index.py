@@ -203,7 +203,7 @@ class PrefixIndex:
 
     @property
     def max_entries(self) -> int:
-        return self.fixed_cap if self.fixed_cap is not None else max(1, self._capacity_sum)
+        return self.fixed_cap if self.fixed_cap is not None else max(1, self.total_capacity_blocks)
 
     # -- membership --------------------------------------------------------------------
 

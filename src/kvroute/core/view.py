@@ -69,7 +69,7 @@ class RequestView:
         index: PrefixIndex,
         sessions: SessionTable,
         turnover: CacheTurnover,
-        reuse_concave: bool = False,
+        reuse_concave: bool,
         eligible: tuple[str, ...],
         model: str | None,
         exclude: frozenset[str],

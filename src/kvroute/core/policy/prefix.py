@@ -240,10 +240,10 @@ class PrefixPolicy(Policy):
         prompt would go if its head is held in several places ("new"); else (its own
         context, half evicted, where the reuse says spread) a diversion worth its charge
         ("load")."""
-        own_context = view.reuse_concave and not shared_head
+        own_context = view.reuse_concave and not shared_head  # charged, never on cost
         if not own_context and _new_on_cost(request, view, home, scored):
-            spread = shared_head and view.reuse_concave
-            to = PrefixPolicy._cold(request, view, scored) if spread else scored[0]
+            # where reuse says spread, this is a shared head: placed as a cold prompt is
+            to = PrefixPolicy._cold(request, view, scored) if view.reuse_concave else scored[0]
             return None if to is home else (to, Reason.NEW)
         diverted = PrefixPolicy._diversion(request, view, home, scored, url_to_depth)
         return None if diverted is None else (diverted, Reason.LOAD)
