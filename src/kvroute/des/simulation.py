@@ -17,9 +17,11 @@ router ``Timing.kv_event_delay_s`` after the step that produced them.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import time
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -337,6 +339,21 @@ class Speed:
         }
 
 
+@contextlib.contextmanager
+def fewer_collections(threshold: int = 100_000) -> Iterator[None]:
+    """Run the body with the cyclic garbage collector's youngest generation collected
+    every ``threshold`` allocations instead of 700. A run allocates millions of short-lived
+    key lists and tuples and creates few reference cycles, so the default spends about a
+    tenth of the whole Mooncake trace's wall time collecting (measured: 43.3 -> 39.4 s);
+    the collector still runs, so a cycle cannot pile up without bound."""
+    before = gc.get_threshold()
+    gc.set_threshold(threshold, *before[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
+
+
 def simulate_router(
     spec: RouterSpec,
     profile: EngineProfile,
@@ -364,7 +381,8 @@ def simulate_router(
     """
     wall0 = time.perf_counter()
     sim = Simulation(spec, profile, num_backends, workload, load, **options)
-    sim.run()
+    with fewer_collections():
+        sim.run()
     records = sim.clients.records
     t0, end = sim.clients.t0 or 0.0, sim.clients.end or 0.0
     result = summarize(records, end - t0, itl_s=sim.itl_pool)  # the same, records or not
