@@ -43,6 +43,7 @@ def simulate(
     profile: EngineProfile | None = None,
     fast_forward: bool = True,
     timing: Timing | None = None,
+    prepare_ahead: bool | None = None,
     **load: Any,
 ) -> BenchResult:
     w = make_workload(workload, seed=seed, overrides=SMALL.get(workload, {}))
@@ -55,6 +56,7 @@ def simulate(
         config,
         fast_forward=fast_forward,
         timing=timing,
+        prepare_ahead=prepare_ahead,
     )
     return result
 

@@ -49,7 +49,10 @@ def token_block_hashes(
 ) -> list[int]:
     """Chained keys of the full ``block_size``-token blocks of ``token_ids``."""
     try:
-        data = array("Q", token_ids).tobytes()  # ids in [0, 2**64): no per-id work
+        if isinstance(token_ids, array) and token_ids.typecode == "Q":
+            data = token_ids.tobytes()
+        else:
+            data = array("Q", token_ids).tobytes()  # ids in [0, 2**64): no per-id work
     except (OverflowError, TypeError):
         data = array("Q", [t & _MASK64 for t in token_ids]).tobytes()
     return _RUNS.chain(data, block_size * 8, parent)

@@ -23,14 +23,13 @@ from __future__ import annotations
 import math
 import random
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol
 
 from kvroute.bench.load import LoadConfig, timed_sessions, warmup_concurrency, warmup_sessions
 from kvroute.bench.loadgen import Progress, ProgressFn
 from kvroute.bench.metrics import RequestRecord
 from kvroute.bench.spec import RequestSpec, Session
-from kvroute.bench.workloads.base import Workload
 from kvroute.des.events import OBSERVE, EventQueue
 
 Done = Callable[[float, RequestRecord], None]
@@ -71,7 +70,7 @@ class VirtualClients:
     def __init__(
         self,
         queue: EventQueue,
-        workload: Workload,
+        sessions: Iterable[Session],
         load: LoadConfig,
         submit: Submit,
         *,
@@ -79,7 +78,7 @@ class VirtualClients:
     ) -> None:
         self._queue, self._load, self._submit = queue, load, submit
         self._progress = progress
-        self._sessions: Iterator[Session] = iter(workload.sessions())
+        self._sessions: Iterator[Session] = iter(sessions)
         self._rng = random.Random(load.seed)
         self._slots = Slots(load.max_concurrency) if load.max_concurrency else None
         self.records: list[RequestRecord] = []

@@ -20,13 +20,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvroute.bench.procs import NO_BACKENDS, RouterSpec
-from kvroute.common.hashing import ROOT_SEED
 from kvroute.common.kv_events import KvEvent
 from kvroute.core.fleet import Fleet
-from kvroute.core.keys import text_route_keys
 from kvroute.core.load import Ticket
 from kvroute.core.policy import make_policy
 from kvroute.core.policy.base import Decision, RouteRequest, fits_context
+from kvroute.des.prepare import Prepared
 from kvroute.engine.engine import EngineStats
 from kvroute.router.config import RouterConfig, load_config
 from kvroute.router.route_request import session_hint
@@ -98,23 +97,28 @@ class SimRouter:
         self,
         at: float,
         request_id: str,
-        text: str,
-        token_hashes: Sequence[int],
-        num_tokens: int,
+        prompt: Prepared,
         max_tokens: int,
         headers: Sequence[tuple[str, str]],
     ) -> Routed | None:
         """Decide and dispatch one request at ``at`` (None: no backend may take it).
 
-        ``token_hashes``: the prompt's block hashes in the engines' blocks, the keys of
-        exact mode; ``num_tokens``: its length. Text keys are cut here."""
+        ``prompt``: its ids and keys (des/prepare.py); exact mode routes on the engines'
+        block hashes, approximate mode on the text's keys, cut at the engines' block size
+        (the router's key block size once it scraped them, at t = 0)."""
         fleet, model = self.fleet, self.model
         text_bytes: int | None = None
         keys: Sequence[int]
+        num_tokens = len(prompt.token_ids)
         if fleet.key_kind_for(model) == "tokens":
-            keys = token_hashes  # the engines' block size: the one exact mode keys with
+            keys = prompt.token_hashes  # the engines' block size: the one exact mode keys with
         else:
-            keys, text_bytes = text_route_keys(text, fleet.block_size_for(model), ROOT_SEED)
+            if fleet.block_size_for(model) != prompt.key_block_size:
+                raise RuntimeError(
+                    f"the router keys text at {fleet.block_size_for(model)} tokens a block, "
+                    f"the simulator prepared keys at {prompt.key_block_size}"
+                )
+            keys, text_bytes = prompt.text_keys, prompt.text_bytes
             num_tokens = fleet.prompt_tokens_estimate(model, text_bytes)
         session = session_hint(dict(headers), {}, self.config.sessions)
         cacheable = fits_context(num_tokens, self.max_model_len)

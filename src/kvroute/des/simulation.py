@@ -34,12 +34,12 @@ from kvroute.bench.procs import RouterSpec
 from kvroute.bench.runner import BenchResult
 from kvroute.bench.spec import RequestSpec
 from kvroute.bench.workloads.base import Workload
-from kvroute.common.hashing import ROOT_SEED, token_block_hashes
 from kvroute.common.kv_events import KvEvent
 from kvroute.des.backend import SimBackend
 from kvroute.des.ceilings import Ceilings, PromptLog, ceilings
 from kvroute.des.clients import Done, VirtualClients
 from kvroute.des.events import ARRIVE, OBSERVE, EventQueue
+from kvroute.des.prepare import PreparedSessions, Preparer
 from kvroute.des.prompts import PromptEncoder
 from kvroute.des.router import Routed, SimRouter
 from kvroute.engine.engine import Engine, TokenOutput, size_error
@@ -112,6 +112,7 @@ class Simulation:
         urls: Sequence[str] | None = None,
         compute_ceilings: bool = True,
         router_config: str | None = None,
+        prepare_ahead: bool | None = None,
     ) -> None:
         self.profile = profile
         self.fast_forward = fast_forward  # asked for (exact mode steps anyway)
@@ -135,8 +136,12 @@ class Simulation:
             )
             for url in self.urls
         }
-        self.clients = VirtualClients(self.queue, workload, load, self._submit, progress=progress)
-        self.encoder = encoder or PromptEncoder()
+        self.sessions = PreparedSessions(
+            workload.sessions, Preparer(profile.block_size, encoder), parallel=prepare_ahead
+        )
+        self.clients = VirtualClients(
+            self.queue, self.sessions, load, self._submit, progress=progress
+        )
         # the ceilings' input: 8 bytes per prompt block sent, which grows with the run and
         # not with the fleet (much of a long-context run's memory); ``compute_ceilings`` False
         # skips it and the ceilings
@@ -156,8 +161,11 @@ class Simulation:
 
     def run(self) -> None:
         self._scrape(0.0, None)
-        self.clients.start(0.0, self._on_run_start, self._on_run_end)
-        self.queue.run()
+        try:
+            self.clients.start(0.0, self._on_run_start, self._on_run_end)
+            self.queue.run()
+        finally:
+            self.sessions.close()
         assert not self._in_flight, "the run ended with requests in flight"
 
     def _on_run_start(self, at: float) -> None:
@@ -190,20 +198,18 @@ class Simulation:
     # -- requests -----------------------------------------------------------------------
 
     def _submit(self, at: float, spec: RequestSpec, t0: float, warmup: bool, done: Done) -> None:
-        text = spec.prompt_text()
-        given = spec.prompt_token_ids  # the workload's, when it made them with the text
-        ids = list(given) if given is not None else self.encoder.encode(text)
+        prepared = self.sessions.take(spec)
+        ids, hashes = prepared.token_ids, prepared.token_hashes
         profile = self.profile
         self._next_id += 1
         rid = f"{self._next_id:x}"
-        hashes = token_block_hashes(ids, profile.block_size, ROOT_SEED)
         # a request no engine can run is routed and sent all the same, as the live router
         # does (it knows the context length, not the prompt's exact tokens), and the
         # engine answers 400 on arrival
         refusal = size_error(profile, len(ids), spec.max_tokens)
         if refusal is None and self.log is not None:
             self.log.add(hashes, len(ids), counted=not warmup)
-        routed = self.router.route(at, rid, text, hashes, len(ids), spec.max_tokens, spec.headers)
+        routed = self.router.route(at, rid, prepared, spec.max_tokens, spec.headers)
         if routed is None:
             done(at, _failed(spec, at - t0, warmup, NO_BACKEND, len(ids)))
             return
@@ -368,8 +374,9 @@ def simulate_router(
 
     ``options`` are ``Simulation``'s keywords (timing, fast_forward, progress, encoder,
     keep_itl, urls, compute_ceilings, router_config: a kvroute YAML as ``kvroute serve
-    --config`` takes, without backends); ``extra_config`` is merged into the result's
-    ``config``.
+    --config`` takes, without backends; prepare_ahead: make the prompts' ids and keys in a
+    child process, des/prepare.py, None: when a second core is there); ``extra_config`` is
+    merged into the result's ``config``.
     ``keep_itl`` False: records carry no inter-token gaps (the ITL figures of the result
     come from the pooled gaps all the same), for runs of millions of requests. ``urls``:
     the backends' names (default ``http://sim-N``); a consistent-hash ring is built on them.

@@ -242,7 +242,7 @@ class BlockManager:
                 BlockStored(
                     req.block_hashes[run_start : i + 1],
                     parent,
-                    req.token_ids[run_start * bs : (i + 1) * bs],
+                    list(req.token_ids[run_start * bs : (i + 1) * bs]),
                     bs,
                     extra_keys=extra,
                 )

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from array import array
+from collections.abc import MutableSequence, Sequence
 
 
 class RequestStatus(enum.Enum):
@@ -54,7 +55,12 @@ class Request:
         cache_salt: str | None = None,
     ) -> None:
         self.request_id = request_id  # caller's id, unique among unfinished requests
-        self.token_ids: list[int] = list(prompt_token_ids)  # prompt, then output tokens
+        # prompt, then output tokens; 64-bit ids given as an array stay one (no int objects)
+        self.token_ids: MutableSequence[int] = (
+            array("Q", prompt_token_ids)
+            if isinstance(prompt_token_ids, array)
+            else list(prompt_token_ids)
+        )
         self.num_prompt_tokens = len(prompt_token_ids)
         self.max_tokens = max_tokens  # output tokens to produce (finish "length")
         self.status = RequestStatus.WAITING
