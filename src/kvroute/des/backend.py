@@ -27,6 +27,7 @@ from kvroute.common.kv_events import KvEvent
 from kvroute.des.events import STEP, EventQueue
 from kvroute.engine.engine import Engine, EngineStats, TokenOutput
 from kvroute.engine.fast_forward import advance_decodes, decode_span, stats_after
+from kvroute.engine.request import PromptIds
 
 # decode steps taken in one fast-forward at most: a run is usually cut sooner (a request
 # arrives), and the durations of steps never taken are wasted work; a longer run is
@@ -90,7 +91,7 @@ class SimBackend:
         self,
         at: float,
         request_id: str,
-        token_ids: Sequence[int],
+        token_ids: PromptIds,
         max_tokens: int,
         block_hashes: list[int] | None = None,
     ) -> None:

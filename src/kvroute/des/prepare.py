@@ -10,19 +10,21 @@ and hands each request's ``Prepared`` over when the request is sent. The child r
 same ``Preparer`` the inline path runs (one core, no ``fork``, or ``parallel=False``), so
 a run's results are the same bytes either way (tests/des/test_prepare.py).
 
-The child sends each spec without its text (the simulator needs only its ``Prepared``)
-and the ids as 8-byte integers, so a request crosses the pipe in one copy of its ids.
+The child sends each spec without its text (the simulator needs only its ``Prepared``),
+and of the ids only what the engines read once given the hashes (all of them, as 8-byte
+integers, where the engines publish KV events), so a request crosses the pipe as its keys.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import multiprocessing
 import os
 import sys
 import traceback
 from array import array
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
@@ -30,16 +32,27 @@ from kvroute.bench.spec import RequestSpec, Session
 from kvroute.common.hashing import ROOT_SEED, token_block_hashes
 from kvroute.core.keys import text_route_keys
 from kvroute.des.prompts import PromptEncoder
+from kvroute.engine.request import HashedPrompt
+
+try:
+    import fcntl
+except ImportError:  # not on a Unix: the pipe keeps its size
+    fcntl = None  # type: ignore[assignment]
 
 SessionsOf = Callable[[], Iterable[Session]]  # a workload's ``sessions``
-BATCH_REQUESTS = 16  # requests per message from the child: ~1.5 MB of Mooncake ids
+# a message from the child: this many requests, or fewer holding this many prompt tokens
+BATCH_REQUESTS = 64
+BATCH_TOKENS = 1 << 15  # 256 KB of ids
+PIPE_BYTES = 1 << 20  # the pipe's buffer where Linux allows: the child runs batches ahead
 
 
 @dataclass(frozen=True, slots=True)
 class Prepared:
     """One request's prompt as the simulator uses it."""
 
-    token_ids: Sequence[int]  # an array of 64-bit ids where they fit (no int objects)
+    # 64-bit ids in an array where they fit (no int objects), or only the ids past the
+    # last full block (``HashedPrompt``) where the engines need no more
+    token_ids: array[int] | list[int] | HashedPrompt
     token_hashes: list[int]  # chained keys of the full blocks at the engines' block size
     text_keys: list[int]  # approximate mode's keys of the text, at ``key_block_size``
     text_bytes: int  # UTF-8 length of the text (approximate mode's length estimate)
@@ -48,23 +61,29 @@ class Prepared:
 
 class Preparer:
     """``Prepared`` of a spec: token ids (the workload's, else the built-in tokenizer's
-    through a chunk cache), their keys, and the text's keys, all for ``block_size``."""
+    through a chunk cache), their keys, and the text's keys, all for ``block_size``;
+    ``keep_ids`` False: only the ids the engines read of a hashed prompt (engines that
+    publish no KV events, whose BlockStored carry every id)."""
 
-    def __init__(self, block_size: int, encoder: PromptEncoder | None = None) -> None:
+    def __init__(
+        self, block_size: int, encoder: PromptEncoder | None = None, *, keep_ids: bool = True
+    ) -> None:
         self.block_size = block_size
         self.encoder = encoder or PromptEncoder()
+        self.keep_ids = keep_ids
 
     def __call__(self, spec: RequestSpec) -> Prepared:
         text = spec.prompt_text()
         given = spec.prompt_token_ids  # the workload's, when it made them with the text
-        ids = given if given is not None else self.encoder.encode(text)
+        ids: array[int] | list[int] = given if given is not None else self.encoder.encode(text)
         try:
             ids = array("Q", ids)
         except (OverflowError, TypeError):
             ids = list(ids)  # ids past 64 bits: kept as ints, hashed as the engine does
         hashes = token_block_hashes(ids, self.block_size, ROOT_SEED)
         keys, text_bytes = text_route_keys(text, self.block_size, ROOT_SEED)
-        return Prepared(ids, hashes, keys, text_bytes, self.block_size)
+        kept = ids if self.keep_ids else HashedPrompt.of(ids, self.block_size)
+        return Prepared(kept, hashes, keys, text_bytes, self.block_size)
 
 
 class PreparedSessions:
@@ -136,6 +155,8 @@ class _Child:
     def __init__(self, sessions_of: SessionsOf, prepare: Preparer) -> None:
         ctx = multiprocessing.get_context("fork")  # the workload as it is, not pickled
         self._conn, send = ctx.Pipe(duplex=False)
+        with contextlib.suppress(OSError, AttributeError):  # Linux only, best effort
+            fcntl.fcntl(send.fileno(), getattr(fcntl, "F_SETPIPE_SZ", 1031), PIPE_BYTES)
         self._proc = ctx.Process(
             target=_produce,
             args=(self._conn, send, sessions_of, prepare),
@@ -174,13 +195,15 @@ def _produce(
     batch: list[tuple[Session, list[Prepared]]] = []
     try:
         try:
-            size = 0
+            requests = tokens = 0
             for session in sessions_of():
-                batch.append((tuple(map(_textless, session)), [prepare(s) for s in session]))
-                size += len(session)
-                if size >= BATCH_REQUESTS:
+                prepared = [prepare(s) for s in session]
+                batch.append((tuple(map(_textless, session)), prepared))
+                requests += len(session)
+                tokens += sum(len(p.token_ids) for p in prepared)
+                if requests >= BATCH_REQUESTS or tokens >= BATCH_TOKENS:
                     conn.send(batch)
-                    batch, size = [], 0
+                    batch, requests, tokens = [], 0, 0
         except Exception:
             conn.send(batch)  # the sessions before the failure, then why
             conn.send(traceback.format_exc())

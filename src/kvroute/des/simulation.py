@@ -136,9 +136,8 @@ class Simulation:
             )
             for url in self.urls
         }
-        self.sessions = PreparedSessions(
-            workload.sessions, Preparer(profile.block_size, encoder), parallel=prepare_ahead
-        )
+        prepare = Preparer(profile.block_size, encoder, keep_ids=exact)
+        self.sessions = PreparedSessions(workload.sessions, prepare, parallel=prepare_ahead)
         self.clients = VirtualClients(
             self.queue, self.sessions, load, self._submit, progress=progress
         )

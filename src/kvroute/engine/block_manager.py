@@ -63,7 +63,7 @@ class BlockManager:
         self.blocks: list[KVBlock] = []  # those handed out at least once (class doc)
         self._free: OrderedDict[int, None] = OrderedDict()  # freed blocks, queue order
         self._hash_to_block: dict[int, int] = {}
-        self._enable_events = enable_events
+        self.enable_events = enable_events
         self._events: list[KvEvent] = []
 
     # -- queries ------------------------------------------------------------------------
@@ -162,7 +162,7 @@ class BlockManager:
         for block in self.blocks:
             block.block_hash = None
         self._hash_to_block.clear()
-        if self._enable_events:
+        if self.enable_events:
             self._events.append(AllBlocksCleared())
         return True
 
@@ -187,7 +187,7 @@ class BlockManager:
             block = blocks[block_id]
             if block.block_hash is not None:
                 del hash_to_block[block.block_hash]
-                if self._enable_events:
+                if self.enable_events:
                     self._events.append(BlockRemoved([block.block_hash]))
                 block.block_hash = None
             block.ref_cnt = 1
@@ -223,7 +223,7 @@ class BlockManager:
             hash_to_block[h] = block_id
             stored.append(i)
         req.num_cached_blocks = num_full
-        if self._enable_events and stored:
+        if self.enable_events and stored:
             self._emit_stored(req, stored)
 
     def _emit_stored(self, req: Request, indices: list[int]) -> None:

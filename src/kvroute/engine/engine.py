@@ -10,7 +10,7 @@ caller adds it to each request's TTFT.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import xxhash
@@ -20,7 +20,7 @@ from kvroute.common.kv_events import KvEvent
 from kvroute.common.tokenizer import default_tokenizer
 from kvroute.engine.block_manager import BlockManager
 from kvroute.engine.profiles import EngineProfile
-from kvroute.engine.request import Request
+from kvroute.engine.request import HashedPrompt, PromptIds, Request
 from kvroute.engine.scheduler import Scheduler
 from kvroute.engine.step_time import StepTimeModel
 
@@ -122,7 +122,7 @@ class Engine:
     def add_request(
         self,
         request_id: str,
-        prompt_token_ids: Sequence[int],
+        prompt_token_ids: PromptIds,
         max_tokens: int,
         *,
         cache_salt: str | None = None,
@@ -136,17 +136,22 @@ class Engine:
         """
         self._validate(request_id, prompt_token_ids, max_tokens)
         seed = chain_seed(cache_salt)
-        try:
-            hashes = block_hashes
-            if hashes is None:
+        hashes = block_hashes
+        if isinstance(prompt_token_ids, HashedPrompt):
+            if hashes is None or self.block_manager.enable_events:
+                raise ValueError(
+                    "a HashedPrompt comes with its hashes, to an engine without events"
+                )
+        elif hashes is None:
+            try:
                 hashes = token_block_hashes(prompt_token_ids, self.profile.block_size, seed)
-        except TypeError:
-            raise ValueError("prompt_token_ids must be integers") from None
+            except TypeError:
+                raise ValueError("prompt_token_ids must be integers") from None
         req = Request(request_id, prompt_token_ids, max_tokens, hashes, seed, cache_salt)
         self._requests[request_id] = req
         self.scheduler.add(req)
 
-    def _validate(self, request_id: str, prompt: Sequence[int], max_tokens: int) -> None:
+    def _validate(self, request_id: str, prompt: PromptIds, max_tokens: int) -> None:
         if not isinstance(request_id, str) or not request_id:
             raise ValueError("request_id must be a non-empty string")
         if request_id in self._requests:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from array import array
-from collections.abc import MutableSequence, Sequence
+from collections.abc import Sequence
 
 
 class RequestStatus(enum.Enum):
@@ -19,6 +19,47 @@ class RequestStatus(enum.Enum):
     @property
     def is_finished(self) -> bool:
         return self in (RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED)
+
+
+class HashedPrompt:
+    """A prompt's token ids of which only those past its last full block are kept, with
+    the length of the whole: what an engine given the prompt's block hashes reads of the
+    ids (its length, the ids that later blocks will hash, the outputs it appends). For a
+    caller that hashed the prompt already and does not want its ids copied and kept; ids
+    of the hashed blocks cannot be read (IndexError), so an engine that publishes KV
+    events (which carry them) needs the whole prompt."""
+
+    __slots__ = ("_start", "_tail")
+
+    def __init__(self, num_tokens: int, tail: Sequence[int]) -> None:
+        if not 0 <= len(tail) <= num_tokens:
+            raise ValueError("the tail is longer than the prompt")
+        self._start = num_tokens - len(tail)  # index of the tail's first id
+        self._tail = list(tail)
+
+    @classmethod
+    def of(cls, token_ids: Sequence[int], block_size: int) -> HashedPrompt:
+        """``token_ids`` with the ids of its full ``block_size``-token blocks dropped."""
+        n = len(token_ids)
+        return cls(n, token_ids[n - n % block_size :])
+
+    def __len__(self) -> int:
+        return self._start + len(self._tail)
+
+    def __getitem__(self, index: slice) -> list[int]:
+        start, stop, step = index.indices(len(self))
+        if step != 1 or (start < self._start and start < stop):
+            raise IndexError(f"ids before {self._start} were hashed and not kept")
+        return self._tail[start - self._start : max(start, stop) - self._start]
+
+    def append(self, token_id: int) -> None:
+        self._tail.append(token_id)
+
+    def copy(self) -> HashedPrompt:
+        return HashedPrompt(len(self), self._tail)
+
+
+PromptIds = Sequence[int] | HashedPrompt  # what an engine takes as a prompt's ids
 
 
 class Request:
@@ -48,19 +89,23 @@ class Request:
     def __init__(
         self,
         request_id: str,
-        prompt_token_ids: Sequence[int],
+        prompt_token_ids: PromptIds,
         max_tokens: int,
         block_hashes: list[int],
         hash_seed: int,
         cache_salt: str | None = None,
     ) -> None:
         self.request_id = request_id  # caller's id, unique among unfinished requests
-        # prompt, then output tokens; 64-bit ids given as an array stay one (no int objects)
-        self.token_ids: MutableSequence[int] = (
-            array("Q", prompt_token_ids)
-            if isinstance(prompt_token_ids, array)
-            else list(prompt_token_ids)
-        )
+        # prompt, then output tokens: a copy of the caller's, of the same kind where the
+        # kind saves work (an array of 64-bit ids makes no int objects; a HashedPrompt
+        # keeps only the ids not hashed yet)
+        self.token_ids: list[int] | array[int] | HashedPrompt
+        if isinstance(prompt_token_ids, HashedPrompt):
+            self.token_ids = prompt_token_ids.copy()
+        elif isinstance(prompt_token_ids, array):
+            self.token_ids = array(prompt_token_ids.typecode, prompt_token_ids)
+        else:
+            self.token_ids = list(prompt_token_ids)
         self.num_prompt_tokens = len(prompt_token_ids)
         self.max_tokens = max_tokens  # output tokens to produce (finish "length")
         self.status = RequestStatus.WAITING
