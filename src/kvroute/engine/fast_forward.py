@@ -19,8 +19,10 @@ the same terms) and tested (tests/engine/test_fast_forward.py, tests/des/).
 from __future__ import annotations
 
 from dataclasses import replace
+from itertools import repeat
 
 from kvroute.engine.engine import Engine, EngineStats
+from kvroute.engine.request import Request
 
 
 def decode_batch(engine: Engine) -> int:
@@ -93,15 +95,36 @@ def stats_after(engine: Engine, blocks_taken: int) -> EngineStats:
 
 def advance_decodes(engine: Engine, num_steps: int) -> None:
     """Apply ``num_steps`` decode-only steps, as ``decode_span`` allowed (its length at
-    most): the same state as ``num_steps`` calls of ``engine.step()``, outputs dropped."""
+    most): the same state as ``num_steps`` calls of ``engine.step()``, outputs dropped.
+
+    A decode step changes the block manager only for a request whose token starts a block
+    or fills one, once in ``block_size`` steps each; for the others ``append_slots`` takes
+    its fast path and does nothing. So each request's tokens are appended at once (a block
+    that fills hashes ids appended earlier, as when stepping), and only those calls are
+    made, step by step in running order, so blocks are taken and filled in stepping's order.
+    """
     running = engine.scheduler.running
+    if num_steps < 1 or not running:
+        return
+    bs = engine.block_manager.block_size
     append_slots = engine.block_manager.append_slots
     next_token = engine.next_token
-    for _ in range(num_steps):
-        for req in running:
+    busy: list[list[tuple[Request, int]]] = [[] for _ in range(bs)]  # step % bs -> calls
+    starts = []
+    for req in running:
+        n = len(req.token_ids)  # step j computes token n + j (1-based), its KV the (n+j)-th
+        starts.append(n)
+        takes, fills = (1 - n) % bs, (-n) % bs  # steps that start a block, fill one
+        busy[takes].append((req, n))
+        if fills != takes:
+            busy[fills].append((req, n))
+        index = n - req.num_prompt_tokens
+        ids = req.token_ids
+        ids.extend(map(next_token, repeat(req.request_id), range(index, index + num_steps)))
+    for j in range(num_steps):
+        for req, n in busy[j % bs]:
+            req.num_computed_tokens = n - 1 + j
             ok = append_slots(req, 1)
             assert ok, "advance_decodes past decode_span's block bound"
-        for req in running:
-            req.num_computed_tokens += 1
-            ids = req.token_ids
-            ids.append(next_token(req.request_id, len(ids) - req.num_prompt_tokens))
+    for req, n in zip(running, starts, strict=True):
+        req.num_computed_tokens = n - 1 + num_steps

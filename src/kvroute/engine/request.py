@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 
 class RequestStatus(enum.Enum):
@@ -54,6 +54,9 @@ class HashedPrompt:
 
     def append(self, token_id: int) -> None:
         self._tail.append(token_id)
+
+    def extend(self, token_ids: Iterable[int]) -> None:
+        self._tail.extend(token_ids)
 
     def copy(self) -> HashedPrompt:
         return HashedPrompt(len(self), self._tail)
