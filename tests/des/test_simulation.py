@@ -238,3 +238,19 @@ def test_a_router_config_file_is_read_once_and_may_not_add_backends(tmp_path) ->
         router_config(spec, urls, str(path))
     with pytest.raises(ValueError, match="No such file"):
         router_config(spec, urls, str(tmp_path / "none.yaml"))
+
+
+def test_the_result_counts_requests_under_each_reuse_verdict() -> None:
+    from kvroute.bench.compare import RouterOutcome
+    from kvroute.des.report import format_reuse_regime
+
+    outcomes = {}
+    for router in ("kvroute", "round_robin"):
+        bench = simulate(router, "gsp", num_requests=60)
+        regime = bench.result["simulation"]["reuse_regime"]
+        routed = sum(regime[k] for k in regime if k.startswith("requests_"))
+        assert routed == len(bench.records) >= 60  # every request routed, warm-up included
+        assert regime["late_at_end"] >= 0 and regime["ghost_at_end"] >= 0
+        outcomes[router] = RouterOutcome(router, bench=bench)
+    lines = format_reuse_regime(outcomes).splitlines()
+    assert [line.split()[0] for line in lines[4:]] == ["kvroute"]  # the policy that uses it

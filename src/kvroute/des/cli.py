@@ -64,7 +64,7 @@ from kvroute.des.plan import (
     refused,
     smallest_fleet,
 )
-from kvroute.des.report import format_ceilings, format_speed
+from kvroute.des.report import format_ceilings, format_reuse_regime, format_speed
 from kvroute.des.simulation import (
     DEFAULT_KV_EVENT_DELAY_S,
     DEFAULT_REQUEST_OVERHEAD_S,
@@ -201,6 +201,10 @@ def main(args: argparse.Namespace) -> int:
         outcome.bench, speeds[name] = bench, speed
     code = report(outcomes, out, plots=not args.no_plots, analysis=True)
     if not args.no_ceilings and (text := format_ceilings(outcomes)):
+        print(f"\n{text}")
+        with (out / "compare.txt").open("a") as f:
+            f.write(f"\n{text}\n")
+    if text := format_reuse_regime(outcomes):
         print(f"\n{text}")
         with (out / "compare.txt").open("a") as f:
             f.write(f"\n{text}\n")

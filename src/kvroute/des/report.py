@@ -48,6 +48,32 @@ def format_ceilings(outcomes: Mapping[str, RouterOutcome]) -> str:
     )
 
 
+def format_reuse_regime(outcomes: Mapping[str, RouterOutcome]) -> str:
+    """Per router, the share of requests routed while the fleet's reuse regime said
+    "spread" (kvroute's policy then spreads new prompts behind a shared head evenly),
+    "past" or nothing clear, and the late : ghost votes at the end (core/reuse_regime.py)."""
+    rows = [["router", "spread", "past residency", "undecided", "late : ghost at end"]]
+    for name, outcome in outcomes.items():
+        if outcome.bench is None:
+            continue
+        result = outcome.bench.result
+        regime = result.get("simulation", {}).get("reuse_regime")
+        if not regime or result.get("config", {}).get("router_policy") != "prefix":
+            continue  # measured for every router, used by kvroute's policy only
+        counts = [regime[k] for k in ("requests_spread", "requests_past_residency",
+                                      "requests_undecided")]  # fmt: skip
+        total = sum(counts) or 1
+        late, ghost = regime["late_at_end"], regime["ghost_at_end"]
+        shares = [f"{100 * c / total:.0f} %" for c in counts]
+        rows.append([name, *shares, f"{late:.0f} : {ghost:.0f}"])
+    if len(rows) == 1:
+        return ""
+    return (
+        "Reuse regime (requests routed under each verdict; kvroute's policy spreads new\n"
+        'prompts behind a shared head only under "spread"):\n' + text_table(rows)
+    )
+
+
 def format_speed(speeds: Mapping[str, Speed]) -> str:
     rows = [["router", "wall s", "engine s", "x real time", "requests", "sim req/s"]]
     for name, s in speeds.items():

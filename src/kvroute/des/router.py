@@ -92,6 +92,9 @@ class SimRouter:
         # a peer model scrapes as the router it models does (llm-d: every 50 ms)
         modelled = type(self.fleet.policy).metrics_interval_s
         self.scrape_interval_s = modelled or self.config.health.scrape_interval_s
+        # requests routed under each verdict of the fleet's reuse regime (True: spread,
+        # False: reuse past the residency, None: undecided), as kvroute's policy saw it
+        self.regime_requests: dict[bool | None, int] = {True: 0, False: 0, None: 0}
 
     def route(
         self,
@@ -123,10 +126,23 @@ class SimRouter:
         session = session_hint(dict(headers), {}, self.config.sessions)
         cacheable = fits_context(num_tokens, self.max_model_len)
         req = RouteRequest(request_id, model, keys, num_tokens, max_tokens, session, cacheable)
+        self.regime_requests[fleet.reuse.concave] += 1
         decision = fleet.route(req, at)
         if decision is None:
             return None
         return Routed(decision, fleet.dispatch(decision, req, at), text_bytes)
+
+    def reuse_regime(self) -> dict[str, float]:
+        """How the fleet's reuse regime (core/reuse_regime.py) stood: the requests routed
+        under each verdict, and its late and ghost votes at the end."""
+        r, n = self.fleet.reuse, self.regime_requests
+        return {
+            "requests_spread": n[True],
+            "requests_past_residency": n[False],
+            "requests_undecided": n[None],
+            "late_at_end": round(r.late, 3),
+            "ghost_at_end": round(r.ghost, 3),
+        }
 
     def first_token(self, routed: Routed, at: float) -> None:
         self.fleet.on_first_token(routed.ticket, at)

@@ -404,6 +404,7 @@ def simulate_router(
         "engine_steps": sum(b.num_steps for b in sim.backends.values()),
         "fast_forwards": sum(b.num_spans for b in sim.backends.values()),
         "engine_time_s": end,
+        "reuse_regime": sim.router.reuse_regime(),
     }
     result.update(
         workload=workload.describe(),
