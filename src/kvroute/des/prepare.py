@@ -5,8 +5,8 @@ engine runs them), their block hashes at the engines' block size (the engines' k
 exact mode's and the ceilings'), and the text keys approximate mode routes on. On a long
 trace that is a third of a run: the whole Mooncake conversation trace makes 145M token
 ids and keys 1.2 GB of text. None of it depends on routing, so ``PreparedSessions`` makes
-it in a child process on another core while the simulation runs, a few requests ahead,
-and hands each request's ``Prepared`` over when the request is sent. The child runs the
+it in a child process on another core while the simulation runs, up to a pipe's
+buffer of requests ahead, and hands each request's ``Prepared`` over when the request is sent. The child runs the
 same ``Preparer`` the inline path runs (one core, no ``fork``, or ``parallel=False``), so
 a run's results are the same bytes either way (tests/des/test_prepare.py).
 
@@ -42,7 +42,7 @@ except ImportError:  # not on a Unix: the pipe keeps its size
 SessionsOf = Callable[[], Iterable[Session]]  # a workload's ``sessions``
 # a message from the child: this many requests, or fewer holding this many prompt tokens
 BATCH_REQUESTS = 64
-BATCH_TOKENS = 1 << 15  # 256 KB of ids
+BATCH_TOKENS = 1 << 15  # 256 KB of ids where all are sent, ~32 KB of keys where not
 PIPE_BYTES = 1 << 20  # the pipe's buffer where Linux allows: the child runs batches ahead
 
 
@@ -110,10 +110,6 @@ class PreparedSessions:
         else:
             self._source = ((s, [prepare(spec) for spec in s]) for s in sessions_of())
 
-    @property
-    def parallel(self) -> bool:
-        return self._child is not None
-
     def __iter__(self) -> PreparedSessions:
         return self
 
@@ -150,7 +146,7 @@ def _textless(spec: RequestSpec) -> RequestSpec:
 
 class _Child:
     """A forked process that walks the sessions and sends them prepared, a batch at a
-    time; the pipe's back-pressure keeps it about one batch ahead."""
+    time; the pipe's back-pressure keeps it at most its buffer ahead (memory bounded)."""
 
     def __init__(self, sessions_of: SessionsOf, prepare: Preparer) -> None:
         ctx = multiprocessing.get_context("fork")  # the workload as it is, not pickled
