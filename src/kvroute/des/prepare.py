@@ -5,10 +5,11 @@ engine runs them), their block hashes at the engines' block size (the engines' k
 exact mode's and the ceilings'), and the text keys approximate mode routes on. On a long
 trace that is a third of a run: the whole Mooncake conversation trace makes 145M token
 ids and keys 1.2 GB of text. None of it depends on routing, so ``PreparedSessions`` makes
-it in a child process on another core while the simulation runs, up to a pipe's
-buffer of requests ahead, and hands each request's ``Prepared`` over when the request is sent. The child runs the
-same ``Preparer`` the inline path runs (one core, no ``fork``, or ``parallel=False``), so
-a run's results are the same bytes either way (tests/des/test_prepare.py).
+it in a child process on another core while the simulation runs, up to a pipe's buffer
+of requests ahead, and hands each request's ``Prepared`` over when the request is sent.
+The child runs the same ``Preparer`` the inline path runs (one core, no ``fork``, or
+``parallel=False``), so a run's results are the same bytes either way
+(tests/des/test_prepare.py).
 
 The child sends each spec without its text (the simulator needs only its ``Prepared``),
 and of the ids only what the engines read once given the hashes (all of them, as 8-byte
