@@ -24,6 +24,7 @@ import multiprocessing
 import os
 import sys
 import traceback
+import warnings
 from array import array
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -162,7 +163,15 @@ class _Child:
         )
         for stream in (sys.stdout, sys.stderr):  # else the child flushes their copies too
             stream.flush()
-        self._proc.start()
+        with warnings.catch_warnings():
+            # Python 3.12+ warns on forking a process with threads (a progress bar's): a
+            # lock another thread held stays held in the child. This child only runs the
+            # workload's pure generator and the Preparer and writes to its pipe; it takes
+            # none of the locks those threads use (stdout, logging).
+            warnings.filterwarnings(
+                "ignore", "This process .* is multi-threaded", DeprecationWarning
+            )
+            self._proc.start()
         send.close()  # the child's end: EOF here when the child goes
 
     def __iter__(self) -> Iterator[tuple[Session, list[Prepared]]]:

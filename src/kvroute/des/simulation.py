@@ -389,30 +389,42 @@ def simulate_router(
     sim = Simulation(spec, profile, num_backends, workload, load, **options)
     with fewer_collections():
         sim.run()
-    records = sim.clients.records
+    records, itl_pool, log = sim.clients.records, sim.itl_pool, sim.log
     t0, end = sim.clients.t0 or 0.0, sim.clients.end or 0.0
-    result = summarize(records, end - t0, itl_s=sim.itl_pool)  # the same, records or not
-    result.update(fleet_results(records, sim.engine_deltas()))
-    capacity_blocks = num_backends * profile.num_gpu_blocks
-    if sim.log is not None:
-        result.update(ceilings(sim.log, capacity_blocks).to_json())
-    else:  # not computed: the keys are there, empty
-        result.update(Ceilings(None, None, None, capacity_blocks).to_json())
-    result["cache_ceiling_block_size"] = profile.block_size
-    result["simulation"] = {
+    deltas = sim.engine_deltas()
+    simulation = {
         "events": sim.queue.num_events,
         "engine_steps": sum(b.num_steps for b in sim.backends.values()),
         "fast_forwards": sum(b.num_spans for b in sim.backends.values()),
         "engine_time_s": end,
         "reuse_regime": sim.router.reuse_regime(),
     }
+    run_config = {
+        "backend_metrics": list(sim.urls),
+        "request_overhead_s": sim.timing.request_overhead_s,
+        "kv_event_delay_s": sim.timing.kv_event_delay_s,
+        "fast_forward": sim.fast_forward,
+    }
+    # the engines and the Fleet (a cycle through the clients' callbacks) go before the
+    # ceilings' arrays come: on a million requests both are gigabytes
+    del sim
+    gc.collect()
+    result = summarize(records, end - t0, itl_s=itl_pool)  # the same, records or not
+    result.update(fleet_results(records, deltas))
+    capacity_blocks = num_backends * profile.num_gpu_blocks
+    if log is not None:
+        result.update(ceilings(log, capacity_blocks).to_json())
+    else:  # not computed: the keys are there, empty
+        result.update(Ceilings(None, None, None, capacity_blocks).to_json())
+    result["cache_ceiling_block_size"] = profile.block_size
+    result["simulation"] = simulation
     result.update(
         workload=workload.describe(),
         router=spec.name,
         config={
             "target": "kvroute simulate",
             "model": profile.name,
-            "backend_metrics": list(sim.urls),
+            "backend_metrics": run_config["backend_metrics"],
             "unreadable_metrics": [],
             "load": load.to_json(),
             "time_unit": "engine seconds (virtual time)",
@@ -421,9 +433,9 @@ def simulate_router(
             "num_backends": num_backends,
             "router_kind": spec.kind,
             "router_policy": spec.policy,
-            "request_overhead_s": sim.timing.request_overhead_s,
-            "kv_event_delay_s": sim.timing.kv_event_delay_s,
-            "fast_forward": sim.fast_forward,
+            "request_overhead_s": run_config["request_overhead_s"],
+            "kv_event_delay_s": run_config["kv_event_delay_s"],
+            "fast_forward": run_config["fast_forward"],
             **(extra_config or {}),
         },
     )
