@@ -109,18 +109,31 @@ def _neighbours(hashes: array[int]) -> tuple[np.ndarray, np.ndarray]:
     n = h.size
     bits = max(1, n.bit_length())
     low = np.uint64((1 << bits) - 1)
-    keys = (h & ~low) | np.arange(n, dtype=np.uint64)
+    # in place where it can be: on a million-request run each array is 600 MB, and these
+    # are the simulator's peak memory
+    keys = np.arange(n, dtype=np.uint64)
+    keys |= h & ~low
     keys.sort()
-    order = (keys & low).astype(np.int64)
-    group = keys >> np.uint64(bits)
+    order = (keys & low).view(np.int64)  # positions < 2**63: the same bits
+    keys >>= np.uint64(bits)
+    group = keys  # the hash's high bits, sorted
     same_group = group[1:] == group[:-1]
-    same = h[order[1:]] == h[order[:-1]]
+    sorted_hashes = h[order]
+    same = sorted_hashes[1:] == sorted_hashes[:-1]
+    del sorted_hashes
     link = same_group & same
-    prev = np.full(n, -1, dtype=np.int64)
-    nxt = np.full(n, n, dtype=np.int64)
-    prev[order[1:][link]] = order[:-1][link]
-    nxt[order[:-1][link]] = order[1:][link]
     mixed = same_group & ~same
+    del same, same_group
+    if not mixed.any():
+        del keys, group  # needed only to link the mixed groups again
+    # each position once in each: its sorted neighbour where linked, else none
+    prev = np.empty(n, dtype=np.int64)
+    nxt = np.empty(n, dtype=np.int64)
+    if n:
+        prev[order[0]], nxt[order[-1]] = -1, n
+        prev[order[1:]] = np.where(link, order[:-1], -1)
+        nxt[order[:-1]] = np.where(link, order[1:], n)
+    del link
     if mixed.any():  # the groups are runs of the sorted keys
         runs = np.unique(group[1:][mixed])
         first = np.searchsorted(group, runs, "left")
