@@ -116,7 +116,8 @@ def _neighbours(hashes: array[int]) -> tuple[np.ndarray, np.ndarray]:
     keys.sort()
     order = (keys & low).view(np.int64)  # positions < 2**63: the same bits
     keys >>= np.uint64(bits)
-    group = keys  # the hash's high bits, sorted
+    group = keys  # in place: now each sorted block's high hash bits
+    del keys
     same_group = group[1:] == group[:-1]
     sorted_hashes = h[order]
     same = sorted_hashes[1:] == sorted_hashes[:-1]
@@ -125,7 +126,7 @@ def _neighbours(hashes: array[int]) -> tuple[np.ndarray, np.ndarray]:
     mixed = same_group & ~same
     del same, same_group
     if not mixed.any():
-        del keys, group  # needed only to link the mixed groups again
+        del group  # needed only to link the mixed groups again
     # each position once in each: its sorted neighbour where linked, else none
     prev = np.empty(n, dtype=np.int64)
     nxt = np.empty(n, dtype=np.int64)
