@@ -40,6 +40,8 @@ try:
     import fcntl
 except ImportError:  # not on a Unix: the pipe keeps its size
     fcntl = None  # type: ignore[assignment]
+# resizing a pipe is Linux's (Python 3.10+); elsewhere the pipe keeps its size
+_SET_PIPE_SIZE: int | None = getattr(fcntl, "F_SETPIPE_SZ", None)
 
 SessionsOf = Callable[[], Iterable[Session]]  # a workload's ``sessions``
 # a message from the child: this many requests, or fewer holding this many prompt tokens
@@ -153,8 +155,9 @@ class _Child:
     def __init__(self, sessions_of: SessionsOf, prepare: Preparer) -> None:
         ctx = multiprocessing.get_context("fork")  # the workload as it is, not pickled
         self._conn, send = ctx.Pipe(duplex=False)
-        with contextlib.suppress(OSError, AttributeError):  # Linux only, best effort
-            fcntl.fcntl(send.fileno(), getattr(fcntl, "F_SETPIPE_SZ", 1031), PIPE_BYTES)
+        if _SET_PIPE_SIZE is not None:
+            with contextlib.suppress(OSError):  # above the system's limit: keep its size
+                fcntl.fcntl(send.fileno(), _SET_PIPE_SIZE, PIPE_BYTES)
         self._proc = ctx.Process(
             target=_produce,
             args=(self._conn, send, sessions_of, prepare),
