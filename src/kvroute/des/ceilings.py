@@ -198,8 +198,7 @@ def pooled_lru_hits(log: PromptLog, capacity: int, walk: _Walk | None = None) ->
     if capacity < 1:
         return 0
     walk = walk or _Walk.of(log)
-    first_of_block = np.repeat(walk.starts, walk.sizes)
-    if np.any(walk.prev >= first_of_block):
+    if np.any(walk.prev >= np.repeat(walk.starts, walk.sizes)):  # within one prompt
         return _pooled_lru_hits_walked(log, capacity)
     thresholds = _lru_thresholds(walk, capacity)
     return walk.leading_runs(walk.prev >= np.repeat(thresholds, walk.sizes))
@@ -266,17 +265,27 @@ def belady_hits(log: PromptLog, capacity: int, walk: _Walk | None = None) -> int
     if capacity < 1:
         return 0
     walk = walk or _Walk.of(log)
+    if _belady_evicts(walk, capacity):
+        return _belady_hits_walked(log, capacity, walk.nxt)
+    # every block used before is a hit: counted per prompt from a running count
+    seen = np.zeros(walk.prev.size + 1, dtype=np.int64)
+    np.cumsum(walk.prev >= 0, out=seen[1:])
+    ends = walk.starts + np.minimum(walk.usable, walk.sizes)
+    return int((seen[ends] - seen[walk.starts])[walk.counted].sum())
+
+
+def _belady_evicts(walk: _Walk, capacity: int) -> bool:
+    """Whether the cache ever holds ``capacity`` blocks used again when a new block comes
+    that is used again (the walk must then choose what to keep). Its arrays go on return:
+    on a million-request run each is 500 MB."""
     prev, nxt = walk.prev, walk.nxt
     n = prev.size
     again = nxt < n
     # a block used again is held from just after it to its next use, inclusive
-    starts = np.bincount(np.flatnonzero(again) + 1, minlength=n + 2)
-    held = np.cumsum(starts - np.bincount(nxt[again] + 1, minlength=n + 2))[:n]
-    if np.any(held[(prev < 0) & again] >= capacity):
-        return _belady_hits_walked(log, capacity, nxt)
-    offset = np.arange(n) - np.repeat(walk.starts, walk.sizes)
-    countable = np.repeat(walk.counted, walk.sizes) & (offset < np.repeat(walk.usable, walk.sizes))
-    return int(np.count_nonzero(countable & (prev >= 0)))
+    held = np.bincount(np.flatnonzero(again) + 1, minlength=n + 2)
+    held -= np.bincount(nxt[again] + 1, minlength=n + 2)
+    np.cumsum(held, out=held)
+    return bool(np.any(held[:n][(prev < 0) & again] >= capacity))
 
 
 def _belady_hits_walked(log: PromptLog, capacity: int, next_uses: np.ndarray) -> int:
@@ -284,14 +293,13 @@ def _belady_hits_walked(log: PromptLog, capacity: int, next_uses: np.ndarray) ->
     hashes = log.hashes
     n = len(hashes)
     never = n  # "not used again"
-    next_use = next_uses.tolist()
     cached: dict[int, int] = {}  # hash -> its next use
     heap: list[tuple[int, int]] = []  # (-next use, hash); stale entries skipped, pruned
     hits = 0
     for start, end, usable, _, counted in log.prompts():
-        for i in range(start, end):
+        # a prompt's next uses at a time: the whole list is 36 bytes a block of the log
+        for i, nxt in enumerate(next_uses[start:end].tolist(), start):
             h = hashes[i]
-            nxt = next_use[i]
             if h in cached:
                 if counted and i - start < usable:
                     hits += 1
