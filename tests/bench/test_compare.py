@@ -260,6 +260,11 @@ async def test_compare_two_routers_on_a_tiny_fleet_and_a_skipped_peer(monkeypatc
         assert result["config"]["speedup"] == 2.0 and result["config"]["num_backends"] == 2
         assert len(result["per_backend"]) == 2
     assert data["kvroute-exact"]["router_decisions"]  # kvroute says why it routed
+    # and what it expected: the headers reach the records
+    answered = [r for r in outcomes["kvroute-exact"].bench.records if r.ok]
+    assert all(r.left_cached_tokens is not None for r in answered)
+    assert all(r.predicted_cached_tokens is not None for r in answered)
+    assert any(r.predicted_cached_tokens for r in answered)
     assert "--mode exact" in data["kvroute-exact"]["config"]["router_command"]
     assert (tmp_path / "out" / "kvroute-exact" / "result.json").exists()
     for name in ("round_robin", "kvroute-exact"):  # fleets and routers are gone

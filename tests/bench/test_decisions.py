@@ -25,6 +25,8 @@ def rec(
     ok: bool = True,
     backend: str | None = "http://b0",
     warmup: bool = False,
+    predicted: int | None = None,
+    left: int | None = None,
 ) -> RequestRecord:
     return RequestRecord(
         request_id=f"r{start}",
@@ -41,6 +43,8 @@ def rec(
         cached_tokens=cached if ok else None,
         backend=backend,
         decision=decision,
+        predicted_cached_tokens=predicted,
+        left_cached_tokens=left,
         warmup=warmup,
     )
 
@@ -86,6 +90,29 @@ def test_hit_rate_and_recomputed_tokens_per_reason():
     assert window.hit_rate == pytest.approx(2100 / 3000)
     assert window.hit_rate_by_reason == pytest.approx({"prefix": 0.95, "load": 0.2})
     assert window.num_failed == 1 and window.p50_ttft_ms == pytest.approx(1150.0)  # 4 TTFTs
+
+
+def test_predicted_hits_and_the_hits_diversions_left_at_home():
+    records = [
+        rec(0, "prefix", prompt=1000, cached=800, predicted=900, left=0),
+        rec(1, "prefix", prompt=1000, cached=1000, predicted=900, left=0),
+        rec(2, "load", prompt=1000, cached=0, predicted=0, left=600),
+        rec(3, "load", prompt=1000, cached=None, predicted=0, left=900),  # no usage: left out
+        rec(4, "cold", prompt=2000, cached=0, predicted=0, left=0),
+    ]
+    analysis = analyze(records, 1)
+    assert analysis is not None
+    prefix, load, cold = (analysis.by_reason[k] for k in ("prefix", "load", "cold"))
+    assert prefix.predicted_hit_rate == pytest.approx(0.9)
+    assert prefix.hit_rate == pytest.approx(0.9)
+    # left at home: in points of the run's hit rate (5,000 prompt tokens reported usage)
+    assert load.left_hit_rate == pytest.approx(600 / 5000)
+    assert prefix.left_hit_rate == cold.left_hit_rate == 0.0
+    assert "left at home pp" in format_analysis("kvroute", analysis)
+    # a router without the headers: nothing to say, not zero
+    plain = analyze([rec(0, "prefix"), rec(1, "load")], 1)
+    assert plain is not None and plain.by_reason["load"].left_hit_rate is None
+    assert plain.by_reason["load"].predicted_hit_rate is None
 
 
 def test_a_window_without_requests_is_empty_not_an_error():

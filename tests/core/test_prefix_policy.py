@@ -52,8 +52,25 @@ def test_a_busy_holder_loses_to_cheap_recompute_reason_load():
     holder = d.backend
     big = req("big", chain((9, 1)), prompt_tokens=50_000)  # 5 s of queued prefill
     fleet.dispatch(Decision(holder, "test", 0, (holder,)), big, 0.0)
-    decision, _ = serve(fleet, req("b", shared + chain((3, 1))), now=0.1)
+    home = req("b", shared + chain((3, 1)))
+    left = fleet.predicted_cached_tokens(holder, home)
+    decision, _ = serve(fleet, home, now=0.1)
     assert decision.backend != holder and decision.reason == "load"
+    # what the move gave up: the hit predicted on the holder, none on the target
+    assert left == 2 * BS and decision.left_cached_tokens == left
+    assert decision.predicted_cached_tokens == 0
+
+
+def test_only_a_moved_request_says_what_it_left():
+    fleet = make_fleet(n=4)
+    system = chain((1, 8))
+    first, t = serve(fleet, req("a", system + chain((2, 1))))
+    fleet.finish(t, 0.2, ok=True)
+    second, _ = serve(fleet, req("b", system + chain((3, 2))), now=1.0)
+    assert (first.reason, first.left_cached_tokens) == ("cold", 0)
+    assert (second.reason, second.left_cached_tokens) == ("prefix", 0)
+    # a retry re-aims the decision: it left nothing by itself
+    assert second.moved_to(url(3)).left_cached_tokens == 0
 
 
 def test_without_diversions_a_busy_holder_keeps_its_prefix():

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from kvroute.core.policy.base import Decision, Reason, RouteRequest
 from kvroute.router.app import make_app
 from kvroute.router.state import STATE, RouterState
 from kvroute.sim.server import SimFleet, start_fleet
@@ -16,6 +17,7 @@ from tests.router.conftest import Harness, assert_no_load, router_config
 
 BODY = {"model": "m1", "prompt": "hello", "max_tokens": 4}
 PREDICTED = "x-kvroute-predicted-cached-tokens"
+LEFT = "x-kvroute-left-cached-tokens"
 PROMPT = "You are a helpful assistant. " * 20
 
 
@@ -84,3 +86,32 @@ async def test_predicted_cached_tokens_follow_the_dispatch_and_a_retry(sim: SimF
     finally:
         assert_no_load(state)
         await client.close()
+
+
+async def test_a_diverted_answer_says_what_it_left_at_home(harness: Harness) -> None:
+    """A request moved away from its prefix's holder (a holder with 5 s of prefill
+    queued) carries the hit predicted there, and kvroute_left_cached_tokens_total counts
+    it; an answer that was not moved carries no such header."""
+    a, b = await harness.backend("a"), await harness.backend("b")
+    client = await harness.router([a.url, b.url], policy="prefix")
+    state = harness.state(client)
+
+    def counted() -> float:
+        return state.metrics.registry.get_sample_value("kvroute_left_cached_tokens_total") or 0.0
+
+    first = await client.post("/v1/completions", json={**BODY, "prompt": PROMPT + "one"})
+    assert first.status == 200 and LEFT not in first.headers
+    holder = first.headers["x-kvroute-backend"]
+    busy = RouteRequest("busy", "m1", (1,), 50_000, 1)
+    ticket = state.fleet.dispatch(Decision(holder, Reason.LOAD, 0, (holder,)), busy, state.clock())
+    try:
+        moved = await client.post("/v1/completions", json={**BODY, "prompt": PROMPT + "two"})
+        assert moved.status == 200
+        assert moved.headers["x-kvroute-decision"] == "load"
+        assert moved.headers["x-kvroute-backend"] != holder
+        left = int(moved.headers[LEFT])
+        assert left > 0 and int(moved.headers[PREDICTED]) < left
+        assert counted() == left
+    finally:
+        state.fleet.finish(ticket, state.clock(), ok=True)
+    assert_no_load(state)

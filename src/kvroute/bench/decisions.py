@@ -15,6 +15,14 @@ Definitions, each over the measured records (warm-up left out):
 - hit rate: sum cached_tokens / sum prompt_tokens over successful requests that reported
   cached_tokens (the engines' own count of each request; None when none reported);
 - recomputed tokens: prompt_tokens - cached_tokens of such a request (what it prefilled);
+- predicted hit rate: sum of the router's predicted cached tokens
+  (``x-kvroute-predicted-cached-tokens``) / sum prompt_tokens over the same requests, beside
+  the engines' count: a gap is a routing error (the router expected a hit that was not
+  there), not a workload miss;
+- left at home: sum of the hits predicted on the holders the requests were moved away from
+  (``x-kvroute-left-cached-tokens``) / the run's hit-rate denominator, in points of hit
+  rate: what a kind of decision gave up by leaving its prefix's holder (``load``: the
+  price of the diversions);
 - TTFT percentiles: successful requests with a first token, ``np.percentile``, in ms;
 - in flight per backend: requests between send and end of stream at once, seen by the
   client (queued and running on that backend): the peak, and the mean over the run;
@@ -66,6 +74,8 @@ class ReasonStats:
     mean_recomputed_tokens: float | None  # mean prompt - cached tokens of a request
     p50_ttft_ms: float | None
     p99_ttft_ms: float | None
+    predicted_hit_rate: float | None = None  # the router's predicted cached / prompt tokens
+    left_hit_rate: float | None = None  # hits predicted at the homes left / run's prompt tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +127,28 @@ def _ttft_ms(records: Iterable[RequestRecord]) -> list[float]:
 
 def _percentile(values: Sequence[float], p: float) -> float | None:
     return float(np.percentile(values, p)) if values else None
+
+
+def predicted_hit_rate(records: Iterable[RequestRecord]) -> float | None:
+    """Sum predicted / sum prompt tokens over the requests ``hit_rate`` counts that carry
+    the router's prediction (None when none does)."""
+    predicted = prompt = 0
+    for r in records:
+        if r.ok and r.cached_tokens is not None and r.predicted_cached_tokens is not None:
+            predicted += r.predicted_cached_tokens
+            prompt += r.prompt_tokens
+    return predicted / prompt if prompt > 0 else None
+
+
+def _left_tokens(records: Iterable[RequestRecord]) -> int | None:
+    """Sum of the hits predicted at the homes left, over the requests ``hit_rate`` counts
+    (None when none reports it: not a kvroute router)."""
+    left = [
+        r.left_cached_tokens
+        for r in records
+        if r.ok and r.cached_tokens is not None and r.left_cached_tokens is not None
+    ]
+    return sum(left) if left else None
 
 
 def _mean_recomputed(records: Iterable[RequestRecord]) -> float | None:
@@ -180,10 +212,13 @@ def _reason_stats(runs: Sequence[RequestRecord]) -> dict[str, ReasonStats]:
         if r.decision:
             groups[r.decision].append(r)
     total = sum(len(g) for g in groups.values())
+    # the run's hit-rate denominator: "left at home" is in points of the run's hit rate
+    run_prompt = sum(r.prompt_tokens for r in runs if r.ok and r.cached_tokens is not None)
     out = {}
     for reason in _ordered(groups):
         rs = groups[reason]
         ttft = _ttft_ms(rs)
+        left = _left_tokens(rs)
         out[reason] = ReasonStats(
             num_requests=len(rs),
             share=len(rs) / total,
@@ -191,6 +226,8 @@ def _reason_stats(runs: Sequence[RequestRecord]) -> dict[str, ReasonStats]:
             mean_recomputed_tokens=_mean_recomputed(rs),
             p50_ttft_ms=_percentile(ttft, 50),
             p99_ttft_ms=_percentile(ttft, 99),
+            predicted_hit_rate=predicted_hit_rate(rs),
+            left_hit_rate=None if left is None or not run_prompt else left / run_prompt,
         )
     return out
 
@@ -298,7 +335,8 @@ def format_analysis(name: str, analysis: DecisionAnalysis) -> str:
         rows.append([span, str(w.num_requests), *shares, _pct(w.hit_rate), _num(w.p50_ttft_ms)])
     lines += _grid(rows)
     lines.append(f"{name}: what each kind of decision cost")
-    rows = [["reason", "req", "share %", "hit %", "recomputed tok", "P50 TTFT ms", "P99 TTFT ms"]]
+    rows = [["reason", "req", "share %", "hit %", "predicted %", "left at home pp",
+             "recomputed tok", "P50 TTFT ms", "P99 TTFT ms"]]  # fmt: skip
     for reason, s in analysis.by_reason.items():
         rows.append(
             [
@@ -306,12 +344,18 @@ def format_analysis(name: str, analysis: DecisionAnalysis) -> str:
                 str(s.num_requests),
                 _pct(s.share),
                 _pct(s.hit_rate),
+                _pct(s.predicted_hit_rate),
+                "n/a" if s.left_hit_rate is None else f"{100.0 * s.left_hit_rate:.2f}",
                 _num(s.mean_recomputed_tokens),
                 _num(s.p50_ttft_ms),
                 _num(s.p99_ttft_ms),
             ]
         )
     lines += _grid(rows)
+    lines.append(
+        "  (predicted: the hit the router expected; left at home: points of the run's hit\n"
+        "  rate predicted on the holders these requests were moved away from)"
+    )
     lines.append(f"{name}: per backend (decisions {'/'.join(reasons)})")
     rows = [["backend", "req", "share %", "hit %", "P50 ms", "P99 ms", "in flight", "decisions"]]
     for b in analysis.by_backend:

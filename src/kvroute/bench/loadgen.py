@@ -88,6 +88,8 @@ async def send_request(
     m = _Measure(start=time.perf_counter())
     itl: list[float] = []
     status = backend = decision = None
+    predicted: int | None = None
+    left: int | None = None
     try:
         async with session.post(
             target_url.rstrip("/") + spec.path,
@@ -98,6 +100,9 @@ async def send_request(
             status = resp.status
             backend = resp.headers.get("x-kvroute-backend")
             decision = resp.headers.get("x-kvroute-decision")
+            if decision is not None:
+                predicted = _int_header(resp, "x-kvroute-predicted-cached-tokens")
+                left = _int_header(resp, "x-kvroute-left-cached-tokens") or 0
             if status != 200:
                 m.error = f"HTTP {status}: {(await resp.text())[:300]}"
             elif stream:
@@ -126,10 +131,20 @@ async def send_request(
         cached_tokens=m.cached_tokens,
         backend=backend or (default_backend if status is not None else None),
         decision=decision,
+        predicted_cached_tokens=predicted,
+        left_cached_tokens=left,
         status=status,
         error=m.error,
         warmup=warmup,
     )
+
+
+def _int_header(resp: aiohttp.ClientResponse, name: str) -> int | None:
+    """A header's integer value; None when absent or not an integer."""
+    try:
+        return int(resp.headers[name])
+    except (KeyError, ValueError):
+        return None
 
 
 def _read_whole(raw: bytes, m: _Measure, now: float) -> None:

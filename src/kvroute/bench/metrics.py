@@ -50,6 +50,11 @@ class RequestRecord:
     cached_tokens: int | None  # usage.prompt_tokens_details.cached_tokens, when reported
     backend: str | None  # x-kvroute-backend, or the target itself when it is one engine
     decision: str | None = None  # x-kvroute-decision, when the target is a kvroute router
+    # x-kvroute-predicted-cached-tokens: the hit the router expected (kvroute routers only)
+    predicted_cached_tokens: int | None = None
+    # x-kvroute-left-cached-tokens: the hit predicted on the holder it was moved away from
+    # (0 when the answer has none: not moved; None when the target is not a kvroute router)
+    left_cached_tokens: int | None = None
     status: int | None = None  # HTTP status; None when no response came
     error: str | None = None  # why it failed
     warmup: bool = False  # sent before the measured run: excluded from metrics

@@ -268,7 +268,9 @@ class Simulation:
             r.spec, r.sent_at - r.t0, r.warmup, ok=False, ttft_s=None, itl_s=(),
             e2e_s=at - r.sent_at, prompt_tokens=r.num_prompt_tokens, output_tokens=0,
             cached_tokens=None, backend=r.routed.decision.backend,
-            decision=str(r.routed.decision.reason), status=400, error=error,
+            decision=str(r.routed.decision.reason),
+            predicted_cached_tokens=r.routed.ticket.predicted_cached_tokens,
+            left_cached_tokens=r.routed.decision.left_cached_tokens, status=400, error=error,
         )  # fmt: skip
         r.done(at, record)
 
@@ -288,6 +290,8 @@ class Simulation:
             cached_tokens=cached,
             backend=r.routed.decision.backend,
             decision=str(r.routed.decision.reason),
+            predicted_cached_tokens=r.routed.ticket.predicted_cached_tokens,
+            left_cached_tokens=r.routed.decision.left_cached_tokens,
             status=200,
         )
         if not r.warmup:

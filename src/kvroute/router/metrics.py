@@ -98,6 +98,12 @@ class RouterMetrics:
             ["backend"],
             registry=r,
         )
+        self.left_cached = Counter(
+            "kvroute_left_cached_tokens",
+            "Prompt tokens the router predicted cached on the holder a request was moved "
+            "away from (decisions load and new): the hits its diversions gave up",
+            registry=r,
+        )
         self.prompt_tokens = Counter(
             "kvroute_routed_prompt_tokens",
             "Prompt tokens (router estimate) routed to each backend",

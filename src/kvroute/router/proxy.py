@@ -115,8 +115,11 @@ async def _forward(
         ticket = fleet.dispatch(decision, req, clock())
         state.backends.begin_attempt(url)
         _count_prediction(state, decision.backend, ticket.predicted_cached_tokens, req)
-        if req.session is not None and len(tried) == 1:  # the placement, not its retries
-            state.metrics.count_session(session_result(home, url))
+        if len(tried) == 1:  # the placement, not its retries
+            if req.session is not None:
+                state.metrics.count_session(session_result(home, url))
+            if decision.left_cached_tokens:
+                state.metrics.left_cached.inc(decision.left_cached_tokens)
         ok = False
         try:
             # a stream's headers come at once; a whole answer only when it is generated
@@ -172,7 +175,9 @@ def _retry_decision(
         if url not in tried and fleet.is_eligible(url, req.model):
             return first.moved_to(url)
     decision = fleet.route(req, state.clock(), exclude=tuple(tried))
-    return None if decision is None else dataclasses.replace(decision, reason="retry")
+    if decision is None:
+        return None
+    return dataclasses.replace(decision, reason="retry", left_cached_tokens=0)
 
 
 def _count_ttft_error(state: RouterState, ticket: Ticket, decision: Decision) -> None:

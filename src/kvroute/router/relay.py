@@ -56,13 +56,17 @@ class _Usage(msgspec.Struct):
 _decode_usage = msgspec.json.Decoder(_Usage).decode
 
 
-def _headers(resp: aiohttp.ClientResponse, ticket: Ticket, reason: str, rid: str) -> dict[str, str]:
+def _headers(
+    resp: aiohttp.ClientResponse, ticket: Ticket, decision: Decision, rid: str
+) -> dict[str, str]:
     headers = copy_response_headers(resp)
     headers["x-kvroute-backend"] = ticket.url
-    headers["x-kvroute-decision"] = reason
+    headers["x-kvroute-decision"] = decision.reason
     # the hit the router expected on this backend (Fleet.dispatch computed it for the
     # backend that answers, a retry's included): tells a routing error from a miss
     headers["x-kvroute-predicted-cached-tokens"] = str(ticket.predicted_cached_tokens)
+    if decision.left_cached_tokens:  # moved away from its prefix's holder: what that gave up
+        headers["x-kvroute-left-cached-tokens"] = str(decision.left_cached_tokens)
     headers["x-request-id"] = rid
     return headers
 
@@ -97,7 +101,7 @@ async def relay(
     client that went away is ok for the backend's accounting.
     """
     try:
-        headers = _headers(resp, ticket, decision.reason, request[NOTE].request_id)
+        headers = _headers(resp, ticket, decision, request[NOTE].request_id)
         if resp.content_type == "text/event-stream":
             if plan.assembled:
                 return await _relay_assembled(state, request, resp, ticket, headers, deadline,

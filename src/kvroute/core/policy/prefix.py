@@ -153,6 +153,8 @@ class PrefixPolicy(Policy):
     backends' working sets, the margin's knobs in ``CostConfig``). Knobs (``PrefixParams``):
     ``num_least_loaded`` (3), ``max_holders`` (4), ``num_hashed`` (2), ``ranked_limit`` (8),
     ``divert`` (True; False never leaves the holder, for fleets that want hits over tails).
+    A request moved away from its home (``load``, ``new``) carries the home's predicted
+    hit as ``Decision.left_cached_tokens``: what the move gave up.
     """
 
     name = "prefix"
@@ -186,7 +188,7 @@ class PrefixPolicy(Policy):
             ttft_s = view.estimate_ttft_s(url, request, cached)
             scored.append((round(ttft_s, 9), -rendezvous_score(tie_key, url), url, cached))
         scored.sort()
-        best, reason = scored[0], Reason.COLD
+        best, reason, left = scored[0], Reason.COLD, 0
         if not deepest:
             best = self._cold(request, view, scored)
         else:
@@ -204,10 +206,12 @@ class PrefixPolicy(Policy):
                 else None
             )
             if moved is not None:
+                left = best[3]  # the home's hit, given up
                 best, reason = moved
         ttft_s, _, url, cached = best
         first = [url, *(s[2] for s in scored if s[2] != url)]
-        return Decision(url, reason, cached, rest_by_load(view, first, self.ranked_limit), ttft_s)
+        ranked = rest_by_load(view, first, self.ranked_limit)
+        return Decision(url, reason, cached, ranked, ttft_s, left_cached_tokens=left)
 
     @staticmethod
     def _cold(request: RouteRequest, view: FleetView, scored: list[Scored]) -> Scored:
