@@ -20,9 +20,9 @@ Definitions, each over the measured records (warm-up left out):
   the engines' count: a gap is a routing error (the router expected a hit that was not
   there), not a workload miss;
 - left at home: sum of the hits predicted on the holders the requests were moved away from
-  (``x-kvroute-left-cached-tokens``) / the run's hit-rate denominator, in points of hit
-  rate: what a kind of decision gave up by leaving its prefix's holder (``load``: the
-  price of the diversions);
+  beyond those on their new backends (``x-kvroute-left-cached-tokens``) / the run's
+  hit-rate denominator, in points of hit rate: what a kind of decision gave up by leaving
+  its prefix's holder (``load``: the price of the diversions);
 - TTFT percentiles: successful requests with a first token, ``np.percentile``, in ms;
 - in flight per backend: requests between send and end of stream at once, seen by the
   client (queued and running on that backend): the peak, and the mean over the run;

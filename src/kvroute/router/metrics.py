@@ -101,7 +101,8 @@ class RouterMetrics:
         self.left_cached = Counter(
             "kvroute_left_cached_tokens",
             "Prompt tokens the router predicted cached on the holder a request was moved "
-            "away from (decisions load and new): the hits its diversions gave up",
+            "away from (decisions load and new) and not on its new backend: the hits its "
+            "diversions gave up",
             registry=r,
         )
         self.prompt_tokens = Counter(

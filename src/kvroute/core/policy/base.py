@@ -71,8 +71,9 @@ class Decision:
     predicted_cached_tokens: int  # prefix-cache hit the router expects on `backend`, tokens
     ranked: tuple[str, ...]  # best first; ranked[0] == backend; retries walk it
     ttft_estimate_s: float | None = None  # the cost model's TTFT estimate on `backend`
-    # the hit predicted on the holder this request was moved away from (``load``, ``new``):
-    # what the move gave up, so a run can tell what its diversions cost; 0 otherwise
+    # the hit predicted on the holder this request was moved away from (``load``, ``new``)
+    # beyond the hit on ``backend``: what the move gave up, so a run can tell what its
+    # diversions cost; 0 otherwise
     left_cached_tokens: int = 0
 
     def __post_init__(self) -> None:

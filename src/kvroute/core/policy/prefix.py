@@ -153,8 +153,9 @@ class PrefixPolicy(Policy):
     backends' working sets, the margin's knobs in ``CostConfig``). Knobs (``PrefixParams``):
     ``num_least_loaded`` (3), ``max_holders`` (4), ``num_hashed`` (2), ``ranked_limit`` (8),
     ``divert`` (True; False never leaves the holder, for fleets that want hits over tails).
-    A request moved away from its home (``load``, ``new``) carries the home's predicted
-    hit as ``Decision.left_cached_tokens``: what the move gave up.
+    A request moved away from its home (``load``, ``new``) carries the part of the home's
+    predicted hit its target lacks as ``Decision.left_cached_tokens``: what the move gave
+    up (a shared head both hold is not).
     """
 
     name = "prefix"
@@ -206,7 +207,7 @@ class PrefixPolicy(Policy):
                 else None
             )
             if moved is not None:
-                left = best[3]  # the home's hit, given up
+                left = max(0, best[3] - moved[0][3])  # the home's hit the target lacks
                 best, reason = moved
         ttft_s, _, url, cached = best
         first = [url, *(s[2] for s in scored if s[2] != url)]
