@@ -53,6 +53,8 @@ class RequestView:
         "_model",
         "_now",
         "_order",
+        "_placed",
+        "_placed_for",
         "_sessions",
         "_turnover",
         "block_size",
@@ -96,6 +98,10 @@ class RequestView:
         self.rng = rng  # the fleet's seeded generator
         self._now = now  # the routing call's time (session TTL)
         self._lifetime_s = lifetime_s  # a running request's KV lifetime (cost.py), if known
+        # placements of one request already estimated in this call (a policy asks for the
+        # same candidate again: the cold rule re-reads the estimates it ranked by)
+        self._placed: dict[tuple[str, int], Placement] = {}
+        self._placed_for: RouteRequest | None = None
 
     @property
     def excluded(self) -> frozenset[str]:
@@ -247,6 +253,16 @@ class RequestView:
         return pinned + max(0, load.queued_prefill_tokens - load.queued_prefill_tokens_ours)
 
     def placement(self, url: str, request: RouteRequest, cached_tokens: int) -> Placement:
+        # the Fleet does not change during a routing call, so a placement stays right
+        if request is not self._placed_for:
+            self._placed_for, self._placed = request, {}
+        key = (url, cached_tokens)
+        placed = self._placed.get(key)
+        if placed is None:
+            placed = self._placed[key] = self._place(url, request, cached_tokens)
+        return placed
+
+    def _place(self, url: str, request: RouteRequest, cached_tokens: int) -> Placement:
         b = self._get(url)
         evicted, hot, bs = self._evictions(b, url, request, cached_tokens)
         capacity_tokens = self._index.url_to_model[url].capacity_blocks * bs
