@@ -173,3 +173,24 @@ def test_modes_with_token_keys_keep_engine_blocks(mode: str, key_block_tokens: i
     assert fleet.key_kind_for("m") == ("tokens" if mode == "exact" else "text")
     assert fleet.key_block_tokens("m", 16) == key_block_tokens
     assert fleet.prompt_tokens_estimate("m", 3000) == 1000
+
+
+def test_a_first_estimate_over_the_context_may_still_be_cached() -> None:
+    """Before any answer the token estimate divides by the built-in 4 bytes a token, and
+    text runs 4-5: a prompt estimated up to a quarter over the context may fit, so its
+    blocks go to the cache model (ranvier-stress's 8,055-token prompts, estimated at 9,603
+    on an 8,192-token context, were left out and scattered). Once the ratio is learned,
+    the estimate is taken as it is; token keys count exactly."""
+    fleet = _fleet()
+    assert not fleet.prompt_tokens_learned("m")
+    assert fleet.cacheable("m", 9_603, 8_192)  # 17 % over, on the built-in ratio
+    assert not fleet.cacheable("m", 10_300, 8_192)  # over by more than the slack
+    assert fleet.cacheable("m", 9_603, None)  # no known context: nothing is too long
+    for _ in range(MIN_SAMPLES):
+        fleet.observe_prompt_tokens("m", 3000, 1000)
+    assert fleet.prompt_tokens_learned("m")
+    assert not fleet.cacheable("m", 8_192, 8_192)  # vLLM keeps room for one output token
+    assert fleet.cacheable("m", 8_191, 8_192)
+    exact = _fleet("exact")
+    assert not exact.prompt_tokens_learned("m")
+    assert not exact.cacheable("m", 8_192, 8_192)  # the engine's own count: no slack

@@ -12,8 +12,10 @@ import pytest
 
 from kvroute.bench.load import default_load
 from kvroute.bench.procs import parse_router
+from kvroute.bench.workloads import make_workload
 from kvroute.bench.workloads.mooncake import MooncakeParams, MooncakeReplay, TraceRow
 from kvroute.des.simulation import Timing, simulate_router
+from kvroute.engine import PROFILES
 
 from .helpers import SMALL, canonical, simulate, small_profile
 
@@ -272,3 +274,21 @@ def test_records_carry_the_prediction_and_what_a_diversion_left() -> None:
     by_reason = bench.result["decision_analysis"]["by_reason"]
     assert by_reason["load"]["left_hit_rate"] > 0
     assert by_reason["prefix"]["left_hit_rate"] == 0
+
+
+def test_long_prompts_the_first_estimate_puts_over_the_context_still_go_home() -> None:
+    """ranvier-stress's largest prompts (8,048 tokens) on an 8,192-token context: before
+    any answer the router's text estimate puts them at ~9,600 tokens. They are not taken
+    for prompts the engine refuses: the first is recorded where it went, and the rest of
+    its group follow it there instead of scattering over the fleet."""
+    w = make_workload("ranvier-stress", seed=0)
+    load = default_load(w, num_requests=60, num_warmup=0, seed=0)
+    bench, _ = simulate_router(
+        parse_router("kvroute"), PROFILES["codellama-13b-a100-40g"], 8, w, load,
+        compute_ceilings=False, prepare_ahead=False,
+    )  # fmt: skip
+    longest = [r for r in bench.records if r.prompt_tokens > 8_000]
+    assert len(longest) >= 5 and len({r.prefix_group for r in longest}) == 1
+    assert len({r.backend for r in longest}) == 1
+    assert [r.decision for r in longest].count("cold") == 1
+    assert all(r.cached_tokens for r in longest[1:])

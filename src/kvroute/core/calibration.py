@@ -140,6 +140,15 @@ class TextCalibration:
         pooled = self.pooled.applied
         return pooled if pooled is not None else self.prior
 
+    def is_learned(self, model: str | None) -> bool:
+        """Whether ``model``'s ratio comes from answers (its own or the pooled one), not
+        the prior: until then a token estimate may be off by a quarter either way."""
+        if model is not None:
+            estimate = self.model_to_estimate.get(model)
+            if estimate is not None and estimate.applied is not None:
+                return True
+        return self.pooled.applied is not None
+
     def estimate_tokens(self, model: str | None, text_bytes: int) -> int:
         """Tokens of a prompt of ``text_bytes`` UTF-8 bytes (at least 1)."""
         return max(1, int(text_bytes / self.bytes_per_token(model)))

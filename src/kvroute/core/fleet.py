@@ -43,7 +43,14 @@ from kvroute.core.kv_sync import ExactSync
 from kvroute.core.listener import FleetListener
 from kvroute.core.load import MAX_COUNT, Ticket, clamp_count
 from kvroute.core.load_order import LoadOrder
-from kvroute.core.policy.base import Decision, Policy, RouteRequest, cached_tokens_for
+from kvroute.core.policy.base import (
+    Decision,
+    Policy,
+    RouteRequest,
+    cached_tokens_for,
+    fits_context,
+    may_fit_context,
+)
 from kvroute.core.reuse_regime import ReuseRegime
 from kvroute.core.served_models import ServedModels
 from kvroute.core.sessions import SessionTable, session_key
@@ -195,6 +202,17 @@ class Fleet(KvEventsMixin, EngineReportsMixin):
         """ "tokens" when ``model``'s requests need token keys (token_block_hashes over the
         engine's token ids), else "text" (prompt_block_hashes); the proxy asks per request."""
         return self._served.key_kind(model)
+
+    def cacheable(
+        self, model: str | None, num_prompt_tokens: int, max_model_len: int | None
+    ) -> bool:
+        """``RouteRequest.cacheable`` of a prompt of ``num_prompt_tokens`` for ``model``: it
+        may fit the context. The engine's own count (token keys) or an estimate on a
+        learned ratio is taken as it is; a first estimate on the built-in ratio with slack
+        (core/policy/base.py, ``ESTIMATE_SLACK``)."""
+        if self.key_kind_for(model) == "tokens" or self.prompt_tokens_learned(model):
+            return fits_context(num_prompt_tokens, max_model_len)
+        return may_fit_context(num_prompt_tokens, max_model_len)
 
     def is_eligible(self, url: str, model: str | None) -> bool:
         """Whether ``url`` may take a request for ``model`` now (a member, healthy, not

@@ -77,6 +77,11 @@ class EngineReportsMixin:
         key = self._served.listed(model)
         return self.calibration.estimate_tokens(key, text_bytes)
 
+    def prompt_tokens_learned(self, model: str | None) -> bool:
+        """Whether ``prompt_tokens_estimate`` for ``model`` rests on engines' answers (else
+        on the built-in ratio of 4 bytes a token)."""
+        return self.calibration.is_learned(self._served.listed(model))
+
     def key_block_tokens(self, model: str | None, block_size: int) -> int:
         """Tokens one key block of ``model`` stands for on an engine with ``block_size``:
         the block size itself, except for text keys (approximate mode; auto mode until a

@@ -24,7 +24,7 @@ from kvroute.common.kv_events import KvEvent
 from kvroute.core.fleet import Fleet
 from kvroute.core.load import Ticket
 from kvroute.core.policy import make_policy
-from kvroute.core.policy.base import Decision, RouteRequest, fits_context
+from kvroute.core.policy.base import Decision, RouteRequest
 from kvroute.des.prepare import Prepared
 from kvroute.engine.engine import EngineStats
 from kvroute.router.config import RouterConfig, load_config
@@ -124,7 +124,7 @@ class SimRouter:
             keys, text_bytes = prompt.text_keys, prompt.text_bytes
             num_tokens = fleet.prompt_tokens_estimate(model, text_bytes)
         session = session_hint(dict(headers), {}, self.config.sessions)
-        cacheable = fits_context(num_tokens, self.max_model_len)
+        cacheable = fleet.cacheable(model, num_tokens, self.max_model_len)
         req = RouteRequest(request_id, model, keys, num_tokens, max_tokens, session, cacheable)
         self.regime_requests[fleet.reuse.concave] += 1
         decision = fleet.route(req, at)

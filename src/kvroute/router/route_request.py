@@ -24,7 +24,7 @@ from aiohttp import web
 
 from kvroute.common.hashing import chain_seed
 from kvroute.core.keys import Prompt, PromptError, prompt_block_hashes, salt_of, text_route_keys
-from kvroute.core.policy.base import RouteRequest, fits_context
+from kvroute.core.policy.base import RouteRequest
 from kvroute.core.token_keys import (
     PendingIds,
     PromptTokenizer,
@@ -121,8 +121,9 @@ async def route_request(
         num_prompt_tokens=num_tokens,
         max_tokens=parsed.max_tokens,
         session=session_hint(request.headers, body, state.config.sessions),
-        # a text prompt's count is an estimate: the engine decides, the cache model waits
-        cacheable=fits_context(num_tokens, limit),
+        # a text prompt's count is an estimate: the engine decides; the cache model skips
+        # what is too long, with slack while the estimate rests on the built-in ratio
+        cacheable=state.fleet.cacheable(model, num_tokens, limit),
     )
     return route_req, parsed.stream, body, text_bytes
 
