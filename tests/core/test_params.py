@@ -149,3 +149,17 @@ def test_each_policy_parses_its_own_parameters() -> None:
     with pytest.raises(ConfigError, match=r"^policy: unknown policy 'fastest'; known: "):
         make_policy("fastest")
     assert CostConfig() == build(CostConfig, {}, "cost")
+
+
+def test_a_config_error_survives_pickling() -> None:
+    """A process pool (scripts/des_table.py --jobs) sends it back to the parent."""
+    import pickle
+
+    error = ConfigError("fleet.mode", "set by 'mode', not in fleet")
+    back = pickle.loads(pickle.dumps(error))
+    assert (type(back), back.key, back.reason, str(back)) == (
+        ConfigError,
+        error.key,
+        error.reason,
+        str(error),
+    )

@@ -39,6 +39,11 @@ class ConfigError(ValueError):
         self.key = key
         self.reason = reason
 
+    def __reduce__(self) -> tuple[type[ConfigError], tuple[str, str]]:
+        # rebuilt from both fields (the message alone is not the constructor's arguments),
+        # so the error survives a process pool's pickling instead of breaking the pool
+        return ConfigError, (self.key, self.reason)
+
     def rerooted(self, section: str, path: str) -> ConfigError:
         """The same error with ``section``'s own prefix replaced by ``path``."""
         key = self.key
