@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,13 +111,17 @@ class DecisionAnalysis:
 # --- small statistics ---------------------------------------------------------------
 
 
+def _reported(records: Iterable[RequestRecord]) -> Iterator[RequestRecord]:
+    """The successful requests whose engine reported cached tokens: every rate's base."""
+    return (r for r in records if r.ok and r.cached_tokens is not None)
+
+
 def hit_rate(records: Iterable[RequestRecord]) -> float | None:
     """Sum cached / sum prompt tokens over successful requests that reported cached tokens."""
     cached = prompt = 0
-    for r in records:
-        if r.ok and r.cached_tokens is not None:
-            cached += r.cached_tokens
-            prompt += r.prompt_tokens
+    for r in _reported(records):
+        cached += r.cached_tokens or 0
+        prompt += r.prompt_tokens
     return cached / prompt if prompt > 0 else None
 
 
@@ -133,8 +137,8 @@ def predicted_hit_rate(records: Iterable[RequestRecord]) -> float | None:
     """Sum predicted / sum prompt tokens over the requests ``hit_rate`` counts that carry
     the router's prediction (None when none does)."""
     predicted = prompt = 0
-    for r in records:
-        if r.ok and r.cached_tokens is not None and r.predicted_cached_tokens is not None:
+    for r in _reported(records):
+        if r.predicted_cached_tokens is not None:
             predicted += r.predicted_cached_tokens
             prompt += r.prompt_tokens
     return predicted / prompt if prompt > 0 else None
@@ -143,18 +147,12 @@ def predicted_hit_rate(records: Iterable[RequestRecord]) -> float | None:
 def _left_tokens(records: Iterable[RequestRecord]) -> int | None:
     """Sum of the hits predicted at the homes left, over the requests ``hit_rate`` counts
     (None when none reports it: not a kvroute router)."""
-    left = [
-        r.left_cached_tokens
-        for r in records
-        if r.ok and r.cached_tokens is not None and r.left_cached_tokens is not None
-    ]
+    left = [r.left_cached_tokens for r in _reported(records) if r.left_cached_tokens is not None]
     return sum(left) if left else None
 
 
 def _mean_recomputed(records: Iterable[RequestRecord]) -> float | None:
-    recomputed = [
-        r.prompt_tokens - r.cached_tokens for r in records if r.ok and r.cached_tokens is not None
-    ]
+    recomputed = [r.prompt_tokens - (r.cached_tokens or 0) for r in _reported(records)]
     return sum(recomputed) / len(recomputed) if recomputed else None
 
 
@@ -213,7 +211,7 @@ def _reason_stats(runs: Sequence[RequestRecord]) -> dict[str, ReasonStats]:
             groups[r.decision].append(r)
     total = sum(len(g) for g in groups.values())
     # the run's hit-rate denominator: "left at home" is in points of the run's hit rate
-    run_prompt = sum(r.prompt_tokens for r in runs if r.ok and r.cached_tokens is not None)
+    run_prompt = sum(r.prompt_tokens for r in _reported(runs))
     out = {}
     for reason in _ordered(groups):
         rs = groups[reason]
