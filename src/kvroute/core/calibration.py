@@ -133,21 +133,21 @@ class TextCalibration:
 
     def bytes_per_token(self, model: str | None) -> float:
         """The value in use for ``model``: its own, else the pooled one, else the prior."""
-        if model is not None:
-            estimate = self.model_to_estimate.get(model)
-            if estimate is not None and estimate.applied is not None:
-                return estimate.applied
-        pooled = self.pooled.applied
-        return pooled if pooled is not None else self.prior
+        learned = self._learned(model)
+        return learned if learned is not None else self.prior
 
     def is_learned(self, model: str | None) -> bool:
         """Whether ``model``'s ratio comes from answers (its own or the pooled one), not
         the prior: until then a token estimate may be off by a quarter either way."""
+        return self._learned(model) is not None
+
+    def _learned(self, model: str | None) -> float | None:
+        """``model``'s own value in use, else the pooled one, else None."""
         if model is not None:
             estimate = self.model_to_estimate.get(model)
             if estimate is not None and estimate.applied is not None:
-                return True
-        return self.pooled.applied is not None
+                return estimate.applied
+        return self.pooled.applied
 
     def estimate_tokens(self, model: str | None, text_bytes: int) -> int:
         """Tokens of a prompt of ``text_bytes`` UTF-8 bytes (at least 1)."""

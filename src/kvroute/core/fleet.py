@@ -44,12 +44,12 @@ from kvroute.core.listener import FleetListener
 from kvroute.core.load import MAX_COUNT, Ticket, clamp_count
 from kvroute.core.load_order import LoadOrder
 from kvroute.core.policy.base import (
+    ESTIMATE_SLACK,
     Decision,
     Policy,
     RouteRequest,
     cached_tokens_for,
     fits_context,
-    may_fit_context,
 )
 from kvroute.core.reuse_regime import ReuseRegime
 from kvroute.core.served_models import ServedModels
@@ -208,11 +208,10 @@ class Fleet(KvEventsMixin, EngineReportsMixin):
     ) -> bool:
         """``RouteRequest.cacheable`` of a prompt of ``num_prompt_tokens`` for ``model``: it
         may fit the context. The engine's own count (token keys) or an estimate on a
-        learned ratio is taken as it is; a first estimate on the built-in ratio with slack
-        (core/policy/base.py, ``ESTIMATE_SLACK``)."""
-        if self.key_kind_for(model) == "tokens" or self.prompt_tokens_learned(model):
-            return fits_context(num_prompt_tokens, max_model_len)
-        return may_fit_context(num_prompt_tokens, max_model_len)
+        learned ratio is taken as it is; a first estimate on the built-in ratio with
+        ``ESTIMATE_SLACK``."""
+        exact = self.key_kind_for(model) == "tokens" or self.prompt_tokens_learned(model)
+        return fits_context(num_prompt_tokens, max_model_len, 0.0 if exact else ESTIMATE_SLACK)
 
     def is_eligible(self, url: str, model: str | None) -> bool:
         """Whether ``url`` may take a request for ``model`` now (a member, healthy, not

@@ -41,28 +41,18 @@ class RouteRequest:
     cacheable: bool = True
 
 
-# How far a text prompt's token estimate may exceed the context, before the router has
-# learned the text's bytes per token from the engines' answers, and still be taken for
-# one the engine may serve (RouteRequest.cacheable). Until then the estimate divides by
-# the built-in 4 bytes a token, and English text runs 4-5: a valid 8,055-token prompt of
-# ranvier-stress was estimated at 9,603 on an 8,192-token context, kept out of the cache
-# model, and its first requests scattered over four replicas. Once learned the estimate
-# is taken as it is: with slack, the whole Mooncake trace's refused 32-40k-token prompts
-# pushed real prefixes out of the cache models (23.3 -> 22.4 % hit).
+# How far a first token estimate (text keys, before the engines' answers taught the
+# router the text's bytes per token) may exceed the context and the prompt still be taken
+# for one the engine may serve: the built-in 4 bytes a token is a quarter low on English
+# text (BENCHMARKS.md, "The seed experiment at real speed, at 0692028").
 ESTIMATE_SLACK = 0.25
 
 
-def fits_context(num_prompt_tokens: int, max_model_len: int | None) -> bool:
+def fits_context(num_prompt_tokens: int, max_model_len: int | None, slack: float = 0.0) -> bool:
     """Whether a prompt of ``num_prompt_tokens`` fits a context of ``max_model_len`` (None:
-    unknown, assumed to fit): vLLM keeps room for one output token."""
-    return max_model_len is None or num_prompt_tokens < max_model_len
-
-
-def may_fit_context(estimated_tokens: int, max_model_len: int | None) -> bool:
-    """Whether a prompt whose token count is a first estimate (text keys, the ratio not
-    learned yet) may fit the context: only one over it by more than ``ESTIMATE_SLACK`` is
-    taken as too long."""
-    return max_model_len is None or estimated_tokens < max_model_len * (1 + ESTIMATE_SLACK)
+    unknown, assumed to fit): vLLM keeps room for one output token. ``slack``: the share
+    by which an uncertain count may exceed it (``ESTIMATE_SLACK``)."""
+    return max_model_len is None or num_prompt_tokens < max_model_len * (1 + slack)
 
 
 class Reason(enum.StrEnum):
