@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from kvroute.bench.procs import NO_BACKENDS, RouterSpec
 from kvroute.common.kv_events import KvEvent
@@ -38,6 +39,17 @@ class Routed:
     decision: Decision
     ticket: Ticket
     text_bytes: int | None  # UTF-8 bytes keyed as text (approximate mode), else None
+
+    def headers(self) -> dict[str, Any]:
+        """The record fields the live router's answer headers give the client (the
+        ``x-kvroute-`` backend, decision, predicted and left cached tokens)."""
+        d = self.decision
+        return {
+            "backend": d.backend,
+            "decision": str(d.reason),
+            "predicted_cached_tokens": self.ticket.predicted_cached_tokens,
+            "left_cached_tokens": d.left_cached_tokens,
+        }
 
 
 def router_config(

@@ -267,10 +267,7 @@ class Simulation:
         record = _record(
             r.spec, r.sent_at - r.t0, r.warmup, ok=False, ttft_s=None, itl_s=(),
             e2e_s=at - r.sent_at, prompt_tokens=r.num_prompt_tokens, output_tokens=0,
-            cached_tokens=None, backend=r.routed.decision.backend,
-            decision=str(r.routed.decision.reason),
-            predicted_cached_tokens=r.routed.ticket.predicted_cached_tokens,
-            left_cached_tokens=r.routed.decision.left_cached_tokens, status=400, error=error,
+            cached_tokens=None, status=400, error=error, **r.routed.headers(),
         )  # fmt: skip
         r.done(at, record)
 
@@ -288,11 +285,8 @@ class Simulation:
             prompt_tokens=r.num_prompt_tokens,
             output_tokens=r.num_tokens,
             cached_tokens=cached,
-            backend=r.routed.decision.backend,
-            decision=str(r.routed.decision.reason),
-            predicted_cached_tokens=r.routed.ticket.predicted_cached_tokens,
-            left_cached_tokens=r.routed.decision.left_cached_tokens,
             status=200,
+            **r.routed.headers(),
         )
         if not r.warmup:
             self.itl_pool.extend(r.itl)
