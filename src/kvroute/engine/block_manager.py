@@ -17,13 +17,14 @@ from kvroute.common.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 from kvroute.engine.request import Request
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class KVBlock:
-    """One KV block: who holds it and, once full and cached, the hash it is found by."""
+    """One KV block as ``BlockManager.blocks`` shows it: who holds it and, once full and
+    cached, the hash it is found by."""
 
     block_id: int  # index in the pool, 0..num_blocks-1
-    ref_cnt: int = 0  # running requests whose block table holds this block
-    block_hash: int | None = None  # set when cached; kept after free until reused
+    ref_cnt: int  # running requests whose block table holds this block
+    block_hash: int | None  # set when cached; kept after free until reused
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,12 +48,14 @@ class BlockManager:
     - a cached block keeps its hash while free and loses it only when handed out again
       (lazy eviction), which emits ``BlockRemoved``.
 
-    Blocks never handed out yet are not made until they are (``blocks`` holds ids
-    ``0..len(blocks)-1``): they sit at the front of the free queue in id order, as in a
-    fresh vLLM pool, so the next ones taken are ``len(blocks)``, ``len(blocks) + 1``, ...
-    and the queue is those, then ``_free`` (freed blocks). A fleet of large caches
-    (1,024 engines of 27,500 blocks) then costs memory for what it has used, not for
-    what it could hold.
+    A block is two list entries, its ref count and its hash (``_ref``, ``_hash``, indexed
+    by block id), not an object: the hot loops touch every block of every prompt. Blocks
+    never handed out yet are not made until they are (the lists hold ids
+    ``0..len(_ref)-1``): they sit at the front of the free queue in id order, as in a
+    fresh vLLM pool, so the next ones taken are ``len(_ref)``, ``len(_ref) + 1``, ... and
+    the queue is those, then ``_free`` (freed blocks). A fleet of large caches (1,024
+    engines of 27,500 blocks) then costs memory for what it has used, not for what it
+    could hold.
     """
 
     def __init__(self, num_blocks: int, block_size: int, *, enable_events: bool = False):
@@ -60,7 +63,8 @@ class BlockManager:
             raise ValueError("num_blocks and block_size must be >= 1")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.blocks: list[KVBlock] = []  # those handed out at least once (class doc)
+        self._ref: list[int] = []  # block id -> ref count, for ids handed out (class doc)
+        self._hash: list[int | None] = []  # block id -> cached hash
         self._free: OrderedDict[int, None] = OrderedDict()  # freed blocks, queue order
         self._hash_to_block: dict[int, int] = {}
         self.enable_events = enable_events
@@ -69,12 +73,18 @@ class BlockManager:
     # -- queries ------------------------------------------------------------------------
 
     @property
+    def blocks(self) -> list[KVBlock]:
+        """The blocks handed out at least once, by id (a snapshot, for inspection)."""
+        pairs = zip(self._ref, self._hash, strict=True)
+        return [KVBlock(i, r, h) for i, (r, h) in enumerate(pairs)]
+
+    @property
     def num_free_blocks(self) -> int:
-        return len(self._free) + self.num_blocks - len(self.blocks)
+        return len(self._free) + self.num_blocks - len(self._ref)
 
     @property
     def num_used_blocks(self) -> int:
-        return len(self.blocks) - len(self._free)
+        return len(self._ref) - len(self._free)
 
     @property
     def usage(self) -> float:
@@ -83,7 +93,7 @@ class BlockManager:
 
     def free_block_ids(self) -> list[int]:
         """Free blocks in eviction order (first = next to be reused)."""
-        return [*range(len(self.blocks), self.num_blocks), *self._free]
+        return [*range(len(self._ref), self.num_blocks), *self._free]
 
     def cached_block(self, block_hash: int) -> int | None:
         """The block carrying ``block_hash``, or None when it is not cached."""
@@ -115,15 +125,15 @@ class BlockManager:
         """
         total = hit.num_tokens + num_new_tokens
         num_needed = -(-total // self.block_size) - len(hit.block_ids)
-        blocks = self.blocks
-        num_revived = sum(1 for b in hit.block_ids if blocks[b].ref_cnt == 0)
-        if num_needed + num_revived > self.num_free_blocks:
+        ref = self._ref
+        refs = list(map(ref.__getitem__, hit.block_ids))
+        if num_needed + refs.count(0) > self.num_free_blocks:
             return False
-        for block_id in hit.block_ids:
-            block = blocks[block_id]
-            if block.ref_cnt == 0:
-                del self._free[block_id]
-            block.ref_cnt += 1
+        free = self._free
+        for block_id, count in zip(hit.block_ids, refs, strict=True):
+            if not count:
+                del free[block_id]
+            ref[block_id] = count + 1
         req.block_table = [*hit.block_ids, *self._new_blocks(num_needed)]
         req.num_cached_blocks = len(hit.block_ids)
         req.num_computed_tokens = hit.num_tokens
@@ -146,11 +156,11 @@ class BlockManager:
 
     def free(self, req: Request) -> None:
         """Release a request's blocks, tail first, to the end of the free queue."""
-        blocks, free = self.blocks, self._free
+        ref, free = self._ref, self._free
         for block_id in reversed(req.block_table):
-            block = blocks[block_id]
-            block.ref_cnt -= 1
-            if block.ref_cnt == 0:
+            count = ref[block_id] - 1
+            ref[block_id] = count
+            if not count:
                 free[block_id] = None
         req.block_table = []
         req.num_cached_blocks = 0
@@ -159,8 +169,7 @@ class BlockManager:
         """Drop every cached hash; refused (False) while any block is in use, as in vLLM."""
         if self.num_used_blocks:
             return False
-        for block in self.blocks:
-            block.block_hash = None
+        self._hash = [None] * len(self._hash)
         self._hash_to_block.clear()
         if self.enable_events:
             self._events.append(AllBlocksCleared())
@@ -176,21 +185,22 @@ class BlockManager:
     def _new_blocks(self, count: int) -> list[int]:
         """Take the next ``count`` free blocks, evicting their cached hashes (lazy
         eviction), in queue order."""
-        pop, blocks, hash_to_block = self._free.popitem, self.blocks, self._hash_to_block
-        taken = []
-        fresh = min(count, self.num_blocks - len(blocks))  # never used: first in the queue
-        for block_id in range(len(blocks), len(blocks) + fresh):
-            blocks.append(KVBlock(block_id, 1))
-            taken.append(block_id)
+        pop, ref, hashes = self._free.popitem, self._ref, self._hash
+        hash_to_block = self._hash_to_block
+        made = len(ref)
+        fresh = min(count, self.num_blocks - made)  # never used: first in the queue
+        taken = list(range(made, made + fresh))
+        ref += [1] * fresh
+        hashes += [None] * fresh
         for _ in range(count - fresh):
-            block_id, _ = pop(last=False)
-            block = blocks[block_id]
-            if block.block_hash is not None:
-                del hash_to_block[block.block_hash]
+            block_id = pop(last=False)[0]
+            h = hashes[block_id]
+            if h is not None:
+                del hash_to_block[h]
                 if self.enable_events:
-                    self._events.append(BlockRemoved([block.block_hash]))
-                block.block_hash = None
-            block.ref_cnt = 1
+                    self._events.append(BlockRemoved([h]))
+                hashes[block_id] = None
+            ref[block_id] = 1
             taken.append(block_id)
         return taken
 
@@ -212,14 +222,14 @@ class BlockManager:
             return
         self._ensure_hashes(req, num_full)
         stored: list[int] = []
-        hashes, table, blocks = req.block_hashes, req.block_table, self.blocks
+        hashes, table, block_hash = req.block_hashes, req.block_table, self._hash
         hash_to_block = self._hash_to_block
         for i in range(start, num_full):
             h = hashes[i]
             if h in hash_to_block:
                 continue  # recomputed duplicate: the cached copy stays the one found
             block_id = table[i]
-            blocks[block_id].block_hash = h
+            block_hash[block_id] = h
             hash_to_block[h] = block_id
             stored.append(i)
         req.num_cached_blocks = num_full
@@ -252,23 +262,24 @@ class BlockManager:
 
     def check_invariants(self, block_tables: Iterable[Sequence[int]] | None = None) -> None:
         """Assert the class invariants; with the running block tables, the ref counts too."""
-        used = [b for b in self.blocks if b.ref_cnt > 0]
+        blocks = self.blocks
+        assert len(self._ref) == len(self._hash) <= self.num_blocks, "block lists out of step"
+        used = [b for b in blocks if b.ref_cnt > 0]
         assert len(used) + self.num_free_blocks == self.num_blocks, "free + used != total"
-        assert all(b.block_id == i for i, b in enumerate(self.blocks)), "blocks out of order"
         for block_id in self._free:
-            assert self.blocks[block_id].ref_cnt == 0, f"free block {block_id} has refs"
-        assert all(b.ref_cnt >= 0 for b in self.blocks), "negative ref count"
-        hashed = [b for b in self.blocks if b.block_hash is not None]
+            assert blocks[block_id].ref_cnt == 0, f"free block {block_id} has refs"
+        assert all(b.ref_cnt >= 0 for b in blocks), "negative ref count"
+        hashed = [b for b in blocks if b.block_hash is not None]
         assert len(hashed) == len(self._hash_to_block), "hashed blocks != hash map entries"
         for h, block_id in self._hash_to_block.items():
-            assert self.blocks[block_id].block_hash == h, f"hash map -> wrong block {block_id}"
+            assert blocks[block_id].block_hash == h, f"hash map -> wrong block {block_id}"
         if block_tables is not None:
             counts = [0] * self.num_blocks
             for table in block_tables:
                 assert len(set(table)) == len(table), "a block twice in one table"
                 for block_id in table:
                     counts[block_id] += 1
-            for block in self.blocks:
+            for block in blocks:
                 assert counts[block.block_id] == block.ref_cnt, (
                     f"block {block.block_id}: ref_cnt {block.ref_cnt} != holders "
                     f"{counts[block.block_id]}"
