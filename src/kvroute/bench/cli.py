@@ -18,8 +18,7 @@ from kvroute.bench.load import LoadConfig, default_load
 from kvroute.bench.progress import rich_progress
 from kvroute.bench.report import format_summary, write_outputs
 from kvroute.bench.runner import BenchResult, run_benchmark
-from kvroute.bench.tracefile import DEFAULT_TRACE
-from kvroute.bench.workloads import WORKLOAD_NAMES, Workload, make_workload
+from kvroute.bench.workloads import WORKLOAD_NAMES, Workload, is_trace_replay, make_workload
 
 # mooncake shortcut flag -> replay parameter
 _TRACE_FLAGS = {
@@ -43,7 +42,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--target", required=True, help="base URL of the router or engine")
     p.add_argument(
-        "--workload", required=True, help=f"one of: {', '.join(WORKLOAD_NAMES)} (or mooncake)"
+        "--workload",
+        required=True,
+        help=f"one of: {', '.join(WORKLOAD_NAMES)} (or plain mooncake, azure)",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
@@ -53,11 +54,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="override a workload parameter, e.g. num_groups=8 (repeatable)",
     )
-    p.add_argument("--trace", default=str(DEFAULT_TRACE), help="trace for plain 'mooncake'")
-    p.add_argument("--speedup", type=float, help="mooncake: divide arrival times")
-    p.add_argument("--max-requests", type=int, help="mooncake: replay the first N rows")
-    p.add_argument("--input-scale", type=float, help="mooncake: scale prompt lengths")
-    p.add_argument("--output-cap", type=int, help="mooncake: cap max_tokens")
+    p.add_argument("--trace", help="trace file for plain 'mooncake' or 'azure'")
+    p.add_argument("--speedup", type=float, help="trace replays: divide arrival times")
+    p.add_argument("--max-requests", type=int, help="trace replays: replay the first N rows")
+    p.add_argument("--input-scale", type=float, help="trace replays: scale prompt lengths")
+    p.add_argument("--output-cap", type=int, help="trace replays: cap max_tokens")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--concurrency", type=int, help="closed loop with N users")
     mode.add_argument("--rate", type=_rates, help="open loop, req/s ('inf'; '3,10,20' = ladder)")
@@ -99,8 +100,8 @@ def build_workload(args: argparse.Namespace) -> Workload:
     for flag, param in _TRACE_FLAGS.items():
         value = getattr(args, flag)
         if value is not None:
-            if not args.workload.startswith("mooncake"):
-                raise ValueError(f"--{flag.replace('_', '-')} is for mooncake replays only")
+            if not is_trace_replay(args.workload):
+                raise ValueError(f"--{flag.replace('_', '-')} is for trace replays only")
             overrides[param] = str(value)
     return make_workload(args.workload, seed=args.seed, overrides=overrides, trace_path=args.trace)
 

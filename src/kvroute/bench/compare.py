@@ -61,7 +61,7 @@ class CompareConfig:
     seed: int = 0  # workload, load and sim seed: the same for every router
     workload_overrides: Mapping[str, str] = field(default_factory=dict)  # --workload-arg
     load_overrides: Mapping[str, Any] = field(default_factory=dict)  # LoadConfig fields
-    trace_path: str | None = None  # for plain ``mooncake``
+    trace_path: str | None = None  # for plain ``mooncake`` or ``azure``
     sim_args: tuple[str, ...] = ()  # extra ``kvroute sim`` arguments (e.g. --jitter 0.05)
     log_dir: Path | None = None  # process logs; None: a temporary folder
     startup_timeout_s: float = 60.0  # fleet and router each must be ready within this

@@ -126,9 +126,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
-        "--workload", help=f"one of: {', '.join(WORKLOAD_NAMES)} (or mooncake); required"
+        "--workload",
+        help=f"one of: {', '.join(WORKLOAD_NAMES)} (or plain mooncake, azure); required",
     )
-    p.add_argument("--trace", help="trace file for plain 'mooncake'")
+    p.add_argument("--trace", help="trace file for plain 'mooncake' or 'azure'")
     p.add_argument(
         "--analyze",
         metavar="DIR",

@@ -39,6 +39,7 @@ from kvroute.bench.procs import (
     sim_engines,
 )
 from kvroute.bench.runner import run_benchmark
+from kvroute.bench.workloads import is_trace_replay
 
 ADMIN_KEY = "exact-vs-approx-admin"
 
@@ -115,7 +116,7 @@ async def one_run(args: argparse.Namespace, workload: str, mode: str, log_dir: P
 def compare_config(args: argparse.Namespace, workload: str) -> CompareConfig:
     overrides: dict[str, str] = {}
     load: dict[str, Any] = {"duration_s": args.duration}
-    if workload.startswith("mooncake"):
+    if is_trace_replay(workload):
         overrides = {
             "max_requests": str(args.max_requests),
             "input_scale": str(args.input_scale),

@@ -1,4 +1,4 @@
-"""Reading Mooncake-format trace files (the I/O half of trace replay).
+"""Reading trace files (the I/O half of trace replay): Mooncake's JSONL and Azure's CSV.
 
 The trace data stays where it is (by default the shared folder beside the repository);
 nothing of it is copied into the repository.
@@ -6,14 +6,18 @@ nothing of it is copied into the repository.
 
 from __future__ import annotations
 
+import csv
 import json
+from datetime import datetime
 from pathlib import Path
 
-from kvroute.bench.workloads.mooncake import TraceRow
+from kvroute.bench.workloads.mooncake import MOONCAKE_BLOCK_TOKENS, TraceRow
 
 # src/kvroute/bench/tracefile.py -> the repository root is three folders up from bench/
 REPO_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_TRACE = REPO_ROOT.parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
+DEFAULT_AZURE_TRACE = REPO_ROOT.parent / "shared" / "traces" / "azure_llm_inference_2023_conv.csv"
+AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 
 
 def read_mooncake_trace(path: str | Path, max_rows: int = 0) -> list[TraceRow]:
@@ -38,3 +42,45 @@ def read_mooncake_trace(path: str | Path, max_rows: int = 0) -> list[TraceRow]:
             if max_rows and len(rows) >= max_rows:
                 break
     return rows
+
+
+def read_azure_trace(path: str | Path, max_rows: int = 0) -> list[TraceRow]:
+    """Rows of an Azure LLM inference trace (CSV: ``TIMESTAMP``, ``ContextTokens``,
+    ``GeneratedTokens``) as Mooncake rows: arrivals in ms from the first row, and block ids
+    that no other row shares, since the trace has no prompt contents (every prompt is new:
+    the traffic a cache-aware router must serve as well as a plain balancer does).
+    ``max_rows`` > 0 stops early. ValueError names the line."""
+    rows: list[TraceRow] = []
+    next_id = 0
+    start: datetime | None = None
+    with open(path, encoding="utf-8", newline="") as f:
+        reader = csv.DictReader(f)
+        missing = [c for c in AZURE_COLUMNS if c not in (reader.fieldnames or ())]
+        if missing:
+            raise ValueError(f"{path}: not an Azure trace (no column {', '.join(missing)})")
+        for line_no, rec in enumerate(reader, 2):
+            try:
+                at = datetime.fromisoformat(_seven_digit_fraction(rec["TIMESTAMP"]))
+                start = start or at
+                input_length = int(rec["ContextTokens"])
+                num_blocks = max(1, -(-input_length // MOONCAKE_BLOCK_TOKENS))
+                rows.append(
+                    TraceRow(
+                        timestamp_ms=(at - start).total_seconds() * 1000.0,
+                        input_length=input_length,
+                        output_length=int(rec["GeneratedTokens"]),
+                        hash_ids=tuple(range(next_id, next_id + num_blocks)),
+                    )
+                )
+                next_id += num_blocks
+            except (ValueError, TypeError) as exc:
+                raise ValueError(f"{path}:{line_no}: not an Azure trace row ({exc})") from None
+            if max_rows and len(rows) >= max_rows:
+                break
+    return rows
+
+
+def _seven_digit_fraction(stamp: str) -> str:
+    """Azure writes 100-ns fractions (``18:15:46.6805900``); Python 3.11 reads at most 6."""
+    head, dot, fraction = stamp.strip().partition(".")
+    return f"{head}.{fraction[:6]}" if dot else head

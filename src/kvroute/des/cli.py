@@ -86,9 +86,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
-        "--workload", required=True, help=f"one of: {', '.join(WORKLOAD_NAMES)} (or mooncake)"
+        "--workload",
+        required=True,
+        help=f"one of: {', '.join(WORKLOAD_NAMES)} (or plain mooncake, azure)",
     )
-    p.add_argument("--trace", help="trace file for plain 'mooncake'")
+    p.add_argument("--trace", help="trace file for plain 'mooncake' or 'azure'")
     add_fleet_and_load_options(
         p,
         out_help="output folder (default runs/simulate-<time>)",

@@ -81,16 +81,19 @@ def parse_completion_body(
 def _decode_checked(raw: bytes) -> Any:
     """The decoded body, or BadRequest when it is not JSON or nests deeper than
     MAX_JSON_DEPTH. The walk runs only when the bracket count allows such a depth."""
-    too_deep = BadRequest(f"request body is nested more than {MAX_JSON_DEPTH} levels deep")
     try:
         body = _decode(raw)
     except RecursionError:
-        raise too_deep from None
+        raise _too_deep() from None
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
     if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and _nests_deeper(body, MAX_JSON_DEPTH):
-        raise too_deep
+        raise _too_deep()
     return body
+
+
+def _too_deep() -> BadRequest:
+    return BadRequest(f"request body is nested more than {MAX_JSON_DEPTH} levels deep")
 
 
 def _nests_deeper(body: Any, limit: int) -> bool:

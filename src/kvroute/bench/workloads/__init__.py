@@ -1,7 +1,9 @@
 """Named, seeded, deterministic workloads (docs/workloads.md).
 
 ``make_workload("gsp", seed=1, overrides={"num_groups": "8"})`` builds one;
-``mooncake:PATH`` (or ``mooncake`` with ``trace_path``) replays a Mooncake trace.
+``mooncake:PATH`` (or ``mooncake`` with ``trace_path``) replays a Mooncake trace;
+``azure:PATH`` (or ``azure``) an Azure LLM inference trace, arrivals and lengths only,
+every prompt new, through the same replay.
 Everything here except the trace-file read in ``make_workload`` is pure.
 """
 
@@ -35,7 +37,8 @@ SYNTHETIC: dict[str, tuple[type[Workload], type]] = {
     "zipf-hot": (ZipfHot, ZipfHotParams),
     "agentic": (Agentic, AgenticParams),
 }
-WORKLOAD_NAMES: tuple[str, ...] = (*SYNTHETIC, "mooncake:PATH")
+TRACE_FORMATS = ("mooncake", "azure")  # ``NAME:PATH`` replays a trace in that format
+WORKLOAD_NAMES: tuple[str, ...] = (*SYNTHETIC, *(f"{t}:PATH" for t in TRACE_FORMATS))
 
 
 def make_workload(
@@ -62,7 +65,19 @@ def make_workload(
         params = apply_overrides(MooncakeParams(), overrides)
         rows = read_mooncake_trace(path, params.max_requests)
         return MooncakeReplay(rows, params, seed, source=str(path))
+    if name == "azure" or name.startswith("azure:"):
+        from kvroute.bench.tracefile import DEFAULT_AZURE_TRACE, read_azure_trace
+
+        path = Path(name.partition(":")[2] or trace_path or DEFAULT_AZURE_TRACE)
+        params = apply_overrides(MooncakeParams(), overrides)
+        rows = read_azure_trace(path, params.max_requests)
+        return MooncakeReplay(rows, params, seed, source=str(path), name="azure")
     raise ValueError(f"unknown workload {name!r}; known: {', '.join(WORKLOAD_NAMES)}")
+
+
+def is_trace_replay(name: str) -> bool:
+    """True for the workloads that replay a trace file (their rows set the arrivals)."""
+    return name.partition(":")[0] in TRACE_FORMATS
 
 
 def tile_count(text: str) -> int:
@@ -83,5 +98,6 @@ __all__ = [
     "TraceRow",
     "Workload",
     "WorkloadDefaults",
+    "is_trace_replay",
     "make_workload",
 ]

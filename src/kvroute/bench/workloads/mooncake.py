@@ -176,8 +176,10 @@ class MooncakeReplay(Workload):
         seed: int = 0,
         *,
         source: str = "",
+        name: str = "mooncake",
     ) -> None:
         super().__init__(params or MooncakeParams(), seed)
+        self.name = name  # the trace's format: "azure" rows come through the same replay
         p = self.params
         kept = rows[: p.max_requests] if p.max_requests else rows
         self.rows = [scale_row(r, p.input_scale) for r in kept]
@@ -239,13 +241,13 @@ class MooncakeReplay(Workload):
                 ids = tile_marked_ids(prompt, ids)
             yield (
                 RequestSpec(
-                    request_id=f"mooncake-{n:07d}",
+                    request_id=f"{self.name}-{n:07d}",
                     endpoint="completions",
                     messages=None,
                     prompt=prompt,
                     max_tokens=max_tokens,
                     num_prompt_tokens=row.input_length,
-                    prefix_group=f"mooncake-{group}",
+                    prefix_group=f"{self.name}-{group}",
                     arrival_s=(stamp - start) / 1000.0 / p.speedup,
                     prompt_token_ids=ids,
                 ),
