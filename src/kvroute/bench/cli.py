@@ -101,7 +101,8 @@ def build_workload(args: argparse.Namespace) -> Workload:
         value = getattr(args, flag)
         if value is not None:
             if not is_trace_replay(args.workload):
-                raise ValueError(f"--{flag.replace('_', '-')} is for trace replays (mooncake, azure) only")
+                name = flag.replace("_", "-")
+                raise ValueError(f"--{name} is for trace replays (mooncake, azure) only")
             overrides[param] = str(value)
     return make_workload(args.workload, seed=args.seed, overrides=overrides, trace_path=args.trace)
 
