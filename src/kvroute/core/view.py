@@ -142,7 +142,7 @@ class RequestView:
     def load(self, url: str) -> LoadView:
         b = self._get(url)
         requests, tokens, queued = b.load.merged()
-        return LoadView(requests, tokens, queued, b.weight)
+        return LoadView(requests, tokens, queued, b.weight, b.load.in_flight_requests)
 
     def engine_gauges(self, url: str) -> EngineGauges:
         b = self._get(url)

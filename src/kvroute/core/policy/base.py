@@ -124,6 +124,9 @@ class LoadView:
     in_flight_tokens: int  # queued prefill tokens + decode tokens still to come
     queued_prefill_tokens: int  # uncached prompt tokens not yet prefilled (before first token)
     weight: float  # relative capacity of the backend (1.0 = nominal)
+    # this router's own dispatched, unfinished requests, without the engine's gauges: the
+    # load a router that never scrapes counts (the SGLang and vllm-router models)
+    own_in_flight_requests: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,8 +21,9 @@ is kept at the router's key granularity (blocks of 64 characters of the rendered
 in approximate mode, of 16 tokens on KV events), not per character, and on the rendered
 chat template rather than SGLang's concatenated message contents; the match rate is
 matched blocks x block tokens / prompt tokens; LRU stamps move on every match (SMG: on 1
-in 8); load is the router's in-flight request count merged with the engine's gauges; a
-worker whose tree node won but is no longer eligible falls back to the least loaded.
+in 8); a worker whose tree node won but is no longer eligible falls back to the least
+loaded. Load is as SMG counts it: the router's own in-flight requests (no engine gauge),
+ties broken by the requests sent to each worker so far, then by order (SMG #1714).
 """
 
 from __future__ import annotations
@@ -73,14 +74,17 @@ class SglangCacheAwarePolicy(Policy):
         self._holders: dict[int, set[str]] = {}  # tree node -> workers whose tree has it
         self._trees: dict[str, OrderedDict[int, None]] = {}  # worker -> its nodes, LRU first
         self._next_eviction_s: float | None = None
+        self._processed: dict[str, int] = {}  # worker -> requests sent to it (the tie-break)
 
     def choose(self, request: RouteRequest, view: FleetView, now: float) -> Decision | None:
         urls = list(view.candidates())
         if not urls:
             return None
         self._maybe_evict(now, view.block_size)
-        loads = {u: view.load(u).in_flight_requests for u in urls}
-        least = min(urls, key=lambda u: loads[u])  # ties: the first (SMG: by index)
+        loads = {u: view.load(u).own_in_flight_requests for u in urls}
+        processed = self._processed
+        # ties: fewer requests sent so far, then the first (SMG: by index)
+        least = min(urls, key=lambda u: (loads[u], processed.get(u, 0)))
         hashes = request.block_hashes
         depth = 0
         if (
@@ -102,6 +106,7 @@ class SglangCacheAwarePolicy(Policy):
             else:
                 url, reason = least, Reason.COLD
         self._insert(url, hashes)
+        processed[url] = processed.get(url, 0) + 1
         held = depth if reason is Reason.PREFIX else self._held_by(url, hashes)
         cached = cached_tokens_for(held, request.num_prompt_tokens, view.block_size)
         ranked = (url, *sorted((u for u in urls if u != url), key=lambda u: loads[u]))
