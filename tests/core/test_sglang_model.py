@@ -59,3 +59,17 @@ def test_trees_over_the_cap_lose_their_least_recent_nodes() -> None:
     policy = fleet.policy
     policy.check_invariants()  # type: ignore[attr-defined]
     assert len(policy._trees[url(0)]) == 12  # type: ignore[attr-defined] (2 kept + 10 of c)
+
+
+def test_a_miss_counts_only_its_own_requests_and_ties_go_to_the_least_sent() -> None:
+    # SMG never scrapes: another client's 60 requests on b0 do not move it; idle workers
+    # tie on load and the one sent fewest requests so far wins (SMG #1714), then the first
+    fleet = make_fleet("sglang-cache-aware", 3)
+    fleet.update_engine_stats(url(0), num_running=50, num_waiting=10)
+    sent = []
+    for g in range(6):  # new prefixes, each finished before the next
+        d, ticket = serve(fleet, req(f"g{g}", group(10 + g, 0)))
+        assert d.reason is Reason.COLD
+        fleet.finish(ticket, 1.0, True)
+        sent.append(d.backend)
+    assert sent == [url(0), url(1), url(2)] * 2
