@@ -21,9 +21,9 @@ where KubeAI takes exactly 100 characters of a completion's prompt and of a chat
 *first user message* (system messages are skipped: on a chat workload whose shared part
 is the system prompt, KubeAI spreads what this model keeps together); a prompt under one
 block hashes its request id; the ring is kvroute's (``consistent_hash.HashRing``: xxh3 of
-``url#i``, KubeAI: xxhash64 of ``name`` + ``i``), and the in-flight count is merged with
-the engines' scraped gauges (``LoadView.in_flight_requests``); endpoints are unweighted
-in the bound.
+``url#i``, KubeAI: xxhash64 of ``name`` + ``i``); endpoints are unweighted in the bound.
+The in-flight count is the router's own (``LoadView.own_in_flight_requests``), as KubeAI's
+proxy counts it: no engine gauge.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ class ChwblPolicy(Policy):
         if not urls:
             return None
         self._ring.refresh(view, urls)
-        loads = {u: view.load(u).in_flight_requests for u in urls}
+        loads = {u: view.load(u).own_in_flight_requests for u in urls}
         total = sum(loads.values())
         bound = self.p.mean_load_factor * (total + 1) / len(loads)
         owner: str | None = None
