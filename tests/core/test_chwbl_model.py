@@ -72,3 +72,15 @@ def test_distinct_prefixes_spread_over_the_ring() -> None:
         fleet.finish(ticket, 1.0, True)
     assert set(counts) == {url(i) for i in range(4)}
     assert min(counts.values()) > 60  # 256 points each: no backend far below its 100
+
+
+def test_load_is_its_own_count_not_the_engines_gauges() -> None:
+    # KubeAI's proxy counts the requests it sent; another client's 60 on the owner do not
+    # push this prefix off it
+    fleet = make_fleet("chwbl", 4)
+    _, ticket = serve(fleet, req("ring", prompt(9, 0)))  # the ring is built on first use
+    fleet.finish(ticket, 1.0, True)
+    owner = ring_order(fleet, prompt(3, 0))[0]
+    fleet.update_engine_stats(owner, num_running=50, num_waiting=10)
+    d, _ = serve(fleet, req("a", prompt(3, 0)))
+    assert (d.backend, d.reason) == (owner, Reason.HASH)
