@@ -42,6 +42,19 @@ def test_rows_keep_arrivals_and_lengths_and_share_no_block(mini_trace) -> None:
     assert len(read_azure_trace(mini_trace, max_rows=2)) == 2
 
 
+def test_the_2024_traces_utc_offsets_read_beside_plain_stamps(tmp_path) -> None:
+    # Azure's 2024 traces write a UTC offset, a 6-digit fraction and whole seconds bare
+    path = tmp_path / "azure2024.csv"
+    path.write_text(
+        HEADER
+        + "2024-05-10 00:00:00.009930+00:00,10,2\n"
+        + "2024-05-10 00:00:01+00:00,20,3\n"
+        + "2024-05-10 00:00:02.5000000,30,4\n"
+    )
+    rows = read_azure_trace(path)
+    assert [r.timestamp_ms for r in rows] == pytest.approx([0.0, 990.07, 2490.07])
+
+
 def test_a_file_that_is_not_an_azure_trace_is_named(tmp_path) -> None:
     other = tmp_path / "other.csv"
     other.write_text("time,tokens\n1,2\n")

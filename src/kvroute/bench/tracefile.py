@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 from kvroute.bench.workloads.mooncake import MOONCAKE_BLOCK_TOKENS, TraceRow
@@ -61,6 +61,8 @@ def read_azure_trace(path: str | Path, max_rows: int = 0) -> list[TraceRow]:
         for line_no, rec in enumerate(reader, 2):
             try:
                 at = datetime.fromisoformat(_seven_digit_fraction(rec["TIMESTAMP"]))
+                if at.tzinfo is None:  # the 2023 traces' stamps are UTC without saying so
+                    at = at.replace(tzinfo=UTC)
                 start = start or at
                 input_length = int(rec["ContextTokens"])
                 num_blocks = max(1, -(-input_length // MOONCAKE_BLOCK_TOKENS))
@@ -81,6 +83,10 @@ def read_azure_trace(path: str | Path, max_rows: int = 0) -> list[TraceRow]:
 
 
 def _seven_digit_fraction(stamp: str) -> str:
-    """Azure writes 100-ns fractions (``18:15:46.6805900``); Python 3.11 reads at most 6."""
-    head, dot, fraction = stamp.strip().partition(".")
-    return f"{head}.{fraction[:6]}" if dot else head
+    """Azure writes 100-ns fractions (``18:15:46.6805900``); Python 3.11 reads at most 6.
+    The 2024 traces add a UTC offset (``00:00:00.009930+00:00``), kept."""
+    head, dot, rest = stamp.strip().partition(".")
+    if not dot:
+        return head
+    digits = len(rest) - len(rest.lstrip("0123456789"))
+    return f"{head}.{rest[:min(digits, 6)]}{rest[digits:]}"
