@@ -10,6 +10,7 @@ import pytest
 from kvroute.common.hashing import token_block_hashes
 from kvroute.common.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 from kvroute.engine import PROFILES, Engine, EngineProfile
+from kvroute.engine.engine import HashedTokens, token_span
 
 from .helpers import make_profile, run_to_completion, tokens
 
@@ -199,3 +200,13 @@ def test_default_tokens_are_deterministic_words() -> None:
 
 def test_profile_type_is_exported() -> None:
     assert isinstance(PROFILES["tiny"], EngineProfile)
+
+
+def test_a_span_of_built_in_tokens_equals_them_one_by_one() -> None:
+    hashed = HashedTokens()
+    for request_id, start, stop in [("r-1", 0, 40), ("chat-7", 13, 14), ("x", 5, 5)]:
+        one_by_one = [hashed(request_id, i) for i in range(start, stop)]
+        assert list(hashed.span(request_id, start, stop)) == one_by_one
+        assert list(token_span(hashed, request_id, start, stop)) == one_by_one
+    assert len(set(hashed.span("r-1", 0, 40))) > 1  # not one word repeated
+    assert list(token_span(lambda rid, i: i * 2, "r", 3, 6)) == [6, 8, 10]  # any function

@@ -157,11 +157,8 @@ class LruCacheModel(CacheModel):
         return self._lru.popitem(last=False)[0]
 
     def _evict_to(self, size: int) -> list[int]:
-        lru = self._lru
-        evicted = []
-        while len(lru) > size:
-            evicted.append(lru.popitem(last=False)[0])
-        return evicted
+        pop = self._lru.popitem
+        return [pop(False)[0] for _ in range(len(self._lru) - size)]
 
 
 class PrefixIndex:

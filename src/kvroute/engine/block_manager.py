@@ -192,8 +192,7 @@ class BlockManager:
         taken = list(range(made, made + fresh))
         ref += [1] * fresh
         hashes += [None] * fresh
-        for _ in range(count - fresh):
-            block_id = pop(last=False)[0]
+        for block_id in [pop(False)[0] for _ in range(count - fresh)]:
             h = hashes[block_id]
             if h is not None:
                 del hash_to_block[h]

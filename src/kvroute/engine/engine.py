@@ -10,8 +10,9 @@ caller adds it to each request's TTFT.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from itertools import repeat
 
 import xxhash
 
@@ -62,16 +63,36 @@ class EngineStats:
     preempted_prefix_cache_hits: int = 0  # tokens of those found cached
 
 
-def default_next_token() -> Callable[[str, int], int]:
+class HashedTokens:
     """Output tokens drawn from the built-in tokenizer's one-token words, deterministically
-    from (request id, index), so replays and tests see the same text."""
-    words = list(default_tokenizer().word_ids())
-    digest = xxhash.xxh3_64_intdigest
+    from (request id, index), so replays and tests see the same text. ``span`` gives a
+    run of them at once (fast-forwarded decodes), every step in C."""
 
-    def next_token(request_id: str, index: int) -> int:
-        return words[digest(request_id.encode(), index) % len(words)]
+    def __init__(self) -> None:
+        self._words = list(default_tokenizer().word_ids())
 
-    return next_token
+    def __call__(self, request_id: str, index: int) -> int:
+        words = self._words
+        return words[xxhash.xxh3_64_intdigest(request_id.encode(), index) % len(words)]
+
+    def span(self, request_id: str, start: int, stop: int) -> Iterator[int]:
+        """``self(request_id, i)`` for i in [start, stop)."""
+        digests = map(xxhash.xxh3_64_intdigest, repeat(request_id.encode()), range(start, stop))
+        return map(self._words.__getitem__, map(len(self._words).__rmod__, digests))
+
+
+def default_next_token() -> Callable[[str, int], int]:
+    """The built-in output tokens (``HashedTokens``)."""
+    return HashedTokens()
+
+
+def token_span(
+    next_token: Callable[[str, int], int], request_id: str, start: int, stop: int
+) -> Iterable[int]:
+    """``next_token(request_id, i)`` for i in [start, stop), in C for the built-in tokens."""
+    if isinstance(next_token, HashedTokens):
+        return next_token.span(request_id, start, stop)
+    return map(next_token, repeat(request_id), range(start, stop))
 
 
 _IDLE = StepResult(0.0, [], 0, 0)

@@ -19,9 +19,8 @@ the same terms) and tested (tests/engine/test_fast_forward.py, tests/des/).
 from __future__ import annotations
 
 from dataclasses import replace
-from itertools import repeat
 
-from kvroute.engine.engine import Engine, EngineStats
+from kvroute.engine.engine import Engine, EngineStats, token_span
 from kvroute.engine.request import Request
 
 
@@ -120,7 +119,7 @@ def advance_decodes(engine: Engine, num_steps: int) -> None:
             busy[fills].append((req, n))
         index = n - req.num_prompt_tokens
         ids = req.token_ids
-        ids.extend(map(next_token, repeat(req.request_id), range(index, index + num_steps)))
+        ids.extend(token_span(next_token, req.request_id, index, index + num_steps))
     for j in range(num_steps):
         for req, n in busy[j % bs]:
             req.num_computed_tokens = n - 1 + j
