@@ -9,7 +9,7 @@ import pytest
 
 from kvroute.bench.load import default_load
 from kvroute.bench.procs import parse_router
-from kvroute.bench.tracefile import DEFAULT_AZURE_TRACE, read_azure_trace
+from kvroute.bench.tracefile import DEFAULT_AZURE_TRACE, read_azure_trace, read_mooncake_trace
 from kvroute.bench.workloads import is_trace_replay, make_workload
 from kvroute.des.simulation import simulate_router
 from kvroute.engine import PROFILES
@@ -97,3 +97,9 @@ def test_the_shared_conversation_trace_reads_whole() -> None:
     assert len(rows) == 19_366
     assert all(b.timestamp_ms >= a.timestamp_ms for a, b in itertools.pairwise(rows))
     assert 3_000_000 < rows[-1].timestamp_ms < 3_700_000  # about an hour
+
+
+@pytest.mark.parametrize("reader", [read_azure_trace, read_mooncake_trace])
+def test_a_missing_trace_file_says_how_to_name_one(tmp_path, reader) -> None:
+    with pytest.raises(ValueError, match="--trace PATH"):
+        reader(tmp_path / "nowhere.csv")

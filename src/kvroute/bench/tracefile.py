@@ -10,6 +10,7 @@ import csv
 import json
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TextIO
 
 from kvroute.bench.workloads.mooncake import MOONCAKE_BLOCK_TOKENS, TraceRow
 
@@ -23,7 +24,7 @@ AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 def read_mooncake_trace(path: str | Path, max_rows: int = 0) -> list[TraceRow]:
     """Rows of a Mooncake JSONL trace; ``max_rows`` > 0 stops early. ValueError names the line."""
     rows: list[TraceRow] = []
-    with open(path, encoding="utf-8") as f:
+    with _open_trace(path) as f:
         for line_no, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -53,7 +54,7 @@ def read_azure_trace(path: str | Path, max_rows: int = 0) -> list[TraceRow]:
     rows: list[TraceRow] = []
     next_id = 0
     start: datetime | None = None
-    with open(path, encoding="utf-8", newline="") as f:
+    with _open_trace(path) as f:
         reader = csv.DictReader(f)
         missing = [c for c in AZURE_COLUMNS if c not in (reader.fieldnames or ())]
         if missing:
@@ -80,6 +81,18 @@ def read_azure_trace(path: str | Path, max_rows: int = 0) -> list[TraceRow]:
             if max_rows and len(rows) >= max_rows:
                 break
     return rows
+
+
+def _open_trace(path: str | Path) -> TextIO:
+    """The trace file for reading; ValueError (what the CLIs print) when it cannot be."""
+    try:
+        return open(path, encoding="utf-8", newline="")
+    except OSError as exc:
+        raise ValueError(
+            f"cannot read the trace {path} ({exc.strerror or exc}): pass its path with"
+            " --trace PATH (or --workload mooncake:PATH / azure:PATH); the default is"
+            " ../shared/traces/ beside the repository"
+        ) from None
 
 
 def _seven_digit_fraction(stamp: str) -> str:
