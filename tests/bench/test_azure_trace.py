@@ -103,3 +103,13 @@ def test_the_shared_conversation_trace_reads_whole() -> None:
 def test_a_missing_trace_file_says_how_to_name_one(tmp_path, reader) -> None:
     with pytest.raises(ValueError, match="--trace PATH"):
         reader(tmp_path / "nowhere.csv")
+
+
+@pytest.mark.parametrize(
+    ("reader", "text"), [(read_azure_trace, HEADER), (read_mooncake_trace, "\n")]
+)
+def test_a_trace_without_rows_is_an_error(tmp_path, reader, text) -> None:
+    path = tmp_path / "empty"
+    path.write_text(text)
+    with pytest.raises(ValueError, match="no rows"):
+        reader(path)

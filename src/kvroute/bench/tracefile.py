@@ -42,6 +42,8 @@ def read_mooncake_trace(path: str | Path, max_rows: int = 0) -> list[TraceRow]:
                 raise ValueError(f"{path}:{line_no}: not a Mooncake trace row ({exc})") from None
             if max_rows and len(rows) >= max_rows:
                 break
+    if not rows:
+        raise ValueError(f"{path}: the trace has no rows")
     return rows
 
 
@@ -80,6 +82,8 @@ def read_azure_trace(path: str | Path, max_rows: int = 0) -> list[TraceRow]:
                 raise ValueError(f"{path}:{line_no}: not an Azure trace row ({exc})") from None
             if max_rows and len(rows) >= max_rows:
                 break
+    if not rows:
+        raise ValueError(f"{path}: the trace has no rows")
     return rows
 
 
