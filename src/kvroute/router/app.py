@@ -225,6 +225,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             message = hide_backend_urls(state, message)
         response = _error_response(exc.status, message, exc.error_type, exc.code)
         response.headers.update(exc.headers)
+        if exc.close:
+            response.force_close()  # says "Connection: close" instead of a silent hang-up
         return response
     except web.HTTPException as exc:
         if exc.status < 400:

@@ -20,11 +20,15 @@ class KvrouteError(Exception):
     error_type: ClassVar[str] = "internal_error"
     code: ClassVar[str] = "internal_error"
 
-    def __init__(self, message: str, *, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, message: str, *, headers: dict[str, str] | None = None, close: bool = False
+    ) -> None:
         super().__init__(message)
         self.message = message
         # extra response headers, e.g. Retry-After on 429
         self.headers = headers or {}
+        # the connection cannot carry another request (its body was not read to the end)
+        self.close = close
 
     def body(self) -> dict[str, Any]:
         return error_body(self.message, self.error_type, self.code)
@@ -95,6 +99,14 @@ class PayloadTooLarge(KvrouteError):
     status = 413
     error_type = "invalid_request_error"
     code = "request_too_large"
+
+
+class UnsupportedMediaType(KvrouteError):
+    """415: the body comes in a content encoding the router cannot decode."""
+
+    status = 415
+    error_type = "invalid_request_error"
+    code = "unsupported_content_encoding"
 
 
 class RateLimited(KvrouteError):

@@ -26,9 +26,11 @@ from dataclasses import dataclass
 from functools import partial
 
 from aiohttp import web
+from aiohttp.http_exceptions import ContentEncodingError
 from aiohttp.web_protocol import RequestHandler
 
 from kvroute.router import admin
+from kvroute.router.body import encoding_error
 from kvroute.router.config import RouterConfig
 from kvroute.router.errors import error_bytes
 from kvroute.router.guard import ADMIN_MAX_CONNECTIONS, GUARD, ConnectionGuard, GuardCollector
@@ -58,11 +60,17 @@ class ApiRequestHandler(RequestHandler):
         log.info("malformed request from %s: %d %s", request.remote, status, reason[:200])
         if request.writer.output_size > 0:
             raise ConnectionError("a response was sent already; closing the connection")
-        body = error_bytes(
-            f"malformed HTTP request: {reason.splitlines()[0] if reason else status}",
-            "invalid_request_error",
-            "bad_http_request",
-        )
+        if isinstance(exc, ContentEncodingError):
+            # a body in an encoding aiohttp cannot decode (br and zstd need modules it
+            # asks to install) or that does not inflate: the client's, said as such
+            err = encoding_error(reason)
+            status, body = err.status, error_bytes(err.message, err.error_type, err.code)
+        else:
+            body = error_bytes(
+                f"malformed HTTP request: {reason.splitlines()[0] if reason else status}",
+                "invalid_request_error",
+                "bad_http_request",
+            )
         resp = web.Response(
             status=status,
             body=body,

@@ -28,7 +28,8 @@ from aiohttp import web
 from kvroute.core.load import Ticket
 from kvroute.core.policy.base import Decision, RouteRequest
 from kvroute.core.sessions import session_result
-from kvroute.router.errors import KvrouteError, NoHealthyBackend, PayloadTooLarge
+from kvroute.router.body import read_body
+from kvroute.router.errors import KvrouteError, NoHealthyBackend
 from kvroute.router.outbound import OutboundBody, outbound_headers
 from kvroute.router.relay import relay
 from kvroute.router.route_request import route_request
@@ -58,7 +59,7 @@ async def _handle(request: web.Request, path: str, *, chat: bool) -> web.StreamR
     admitted = state.gate.admit(request.headers.get("Authorization"))
     state.num_in_flight += 1
     try:
-        raw = await _read_body(request, state.config.limits.max_body_bytes)
+        raw = await read_body(request, state.config.limits.max_body_bytes)
         t0 = state.clock()
         route_req, stream, body, text_bytes = await route_request(state, request, raw, chat=chat)
         state.metrics.decision.observe(state.clock() - t0)
@@ -71,16 +72,6 @@ async def _handle(request: web.Request, path: str, *, chat: bool) -> web.StreamR
     finally:
         state.num_in_flight -= 1
         state.gate.release(admitted)
-
-
-async def _read_body(request: web.Request, limit: int) -> bytes:
-    length = request.content_length
-    if length is not None and length > limit:
-        raise PayloadTooLarge(f"request body of {length} bytes exceeds the {limit}-byte limit")
-    try:
-        return await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        raise PayloadTooLarge(f"request body exceeds the {limit}-byte limit") from None
 
 
 async def _forward(

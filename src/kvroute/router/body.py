@@ -1,0 +1,65 @@
+"""Read a request's body: the size limit, and the content encodings aiohttp decodes.
+
+aiohttp inflates ``gzip`` and ``deflate`` bodies while reading them; any other encoding
+(or a body that does not inflate) surfaces as a payload error from deep in its parser,
+which the error middleware would report as a router bug (500). Here it is the client's
+error: 415 for an encoding the router does not take, 400 for a body that is not what its
+header says.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
+
+from kvroute.router.errors import (
+    BadRequest,
+    KvrouteError,
+    PayloadTooLarge,
+    UnsupportedMediaType,
+)
+
+# what aiohttp inflates without optional modules (brotli and zstd need extra packages)
+DECODED_ENCODINGS = frozenset({"", "identity", "gzip", "x-gzip", "deflate"})
+
+
+def decodes(encoding: str) -> bool:
+    """Whether a body with this Content-Encoding header is one the router can read."""
+    return encoding.strip().lower() in DECODED_ENCODINGS
+
+
+def unsupported_encoding(encoding: str) -> UnsupportedMediaType:
+    return UnsupportedMediaType(
+        f"content-encoding {encoding.strip()!r} is not supported: send the body as identity, "
+        "gzip or deflate",
+        close=True,  # the unread body is still on the connection
+    )
+
+
+def encoding_error(reason: str) -> KvrouteError:
+    """The client's error for a body aiohttp's parser could not decode (its ``reason``
+    names the encoding): 415 for one it needs a module for, else 400."""
+    for name in ("br", "zstd"):
+        if f"({name})" in reason:
+            return unsupported_encoding(name)
+    return BadRequest("the request body does not decode as its content-encoding says", close=True)
+
+
+async def read_body(request: web.Request, limit: int) -> bytes:
+    """The whole body, decoded; PayloadTooLarge over ``limit`` bytes (before or after
+    decoding), UnsupportedMediaType or BadRequest for an encoding that does not decode."""
+    encoding = request.headers.get("Content-Encoding", "")
+    if not decodes(encoding):
+        raise unsupported_encoding(encoding)
+    encoding = encoding.strip().lower()
+    length = request.content_length
+    if length is not None and length > limit:
+        raise PayloadTooLarge(f"request body of {length} bytes exceeds the {limit}-byte limit")
+    try:
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise PayloadTooLarge(f"request body exceeds the {limit}-byte limit") from None
+    except (RequestPayloadError, HttpProcessingError):
+        what = f"content-encoding {encoding!r}" if encoding else "its headers"
+        raise BadRequest(f"the request body is not what {what} says", close=True) from None
