@@ -10,6 +10,7 @@ request path never loops over the fleet. Model lists come from each backend's
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -20,6 +21,8 @@ from kvroute.router.breaker import CircuitBreaker, CircuitState
 from kvroute.router.config import BackendConfig, BreakerConfig, HealthConfig
 from kvroute.router.errors import BadRequest
 from kvroute.router.request import ParsedRequest
+
+log = logging.getLogger("kvroute.router.backends")
 
 
 class FleetLike(Protocol):
@@ -187,6 +190,8 @@ class Backends:
         was_open = rt.breaker.state is CircuitState.OPEN
         rt.breaker.record_failure(self._clock())
         if rt.breaker.state is CircuitState.OPEN and not was_open:
+            log.warning("backend %s: circuit open, no traffic for %ss (last error: %s)",
+                        url, self._breaker_config.open_s, error)  # fmt: skip
             self._sync(rt)
             if self._call_later is not None:
                 # re-check right when the circuit may turn half-open

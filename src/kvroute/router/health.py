@@ -89,8 +89,20 @@ async def probe(state: RouterState, rt: BackendRuntime) -> None:
     was = rt.probe_ok
     state.backends.record_probe(rt.url, ok, error)
     if was != rt.probe_ok:
-        level = logging.INFO if rt.probe_ok else logging.WARNING
-        log.log(level, "backend %s is now %s", rt.url, "healthy" if rt.probe_ok else "unhealthy")
+        if rt.probe_ok:
+            log.info("backend %s is now healthy", rt.url)
+        else:
+            log.warning("backend %s is now unhealthy: %s", rt.url, error)
+    elif not ok and not rt.ever_healthy and rt.probe_failures == 1:
+        # down since it was added: say so once, with the reason (it takes no traffic)
+        log.warning("backend %s is not healthy yet: %s%s", rt.url, error, _url_hint(rt.url))
+
+
+def _url_hint(url: str) -> str:
+    """Advice for a backend URL that looks like an OpenAI base URL (".../v1")."""
+    if url.rstrip("/").endswith("/v1"):
+        return " (give the server's address without /v1: kvroute adds /v1/... itself)"
+    return ""
 
 
 async def _models(
