@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 from dataclasses import dataclass
 from typing import Any
@@ -114,6 +115,9 @@ async def test_midstream_failure_ends_with_sse_error_and_is_not_retried(harness:
     assert '"i": 0' in text and '"i": 1' in text
     assert text.rstrip().endswith("data: [DONE]")
     assert 'data: {"error":' in text
+    # the same code as a 502 answered before the first byte: a string, as OpenAI's
+    event = next(line for line in text.splitlines() if line.startswith('data: {"error"'))
+    assert json.loads(event[6:])["error"]["code"] == "backend_failed"
     assert len(a.state.requests) + len(b.state.requests) == 1  # never sent twice
 
 

@@ -371,10 +371,10 @@ class ClientGone(Exception):
 
 def error_note(exc: BaseException) -> dict[str, Any]:
     """The OpenAI error object of the SSE error event sent after the first byte."""
-    if isinstance(exc, _Cut):
-        return {"message": str(exc), "type": "api_error", "code": 504}
+    if isinstance(exc, _Cut):  # the codes of the answers before the first byte
+        return {"message": str(exc), "type": "api_error", "code": BackendTimeout.code}
     msg = f"backend failed mid-stream: {type(exc).__name__}"
-    return {"message": msg, "type": "api_error", "code": 502}
+    return {"message": msg, "type": "api_error", "code": BackendFailed.code}
 
 
 async def _write_sse_error(out: web.StreamResponse, exc: BaseException, tail: bytes) -> None:
