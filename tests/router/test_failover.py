@@ -127,7 +127,7 @@ async def test_stream_idle_gap_timeout_ends_with_sse_error(harness: Harness) -> 
     client = await harness.router([b.url], timeouts=TimeoutConfig(idle_s=0.1))
     resp = await client.post("/v1/completions", data=STREAM)
     text = (await resp.read()).decode()
-    assert '"code":504' in text
+    assert '"code":"backend_timeout"' in text
     assert text.endswith("data: [DONE]\n\n")
     await until(lambda: b.state.num_aborted > 0)
     assert b.state.num_aborted == 1  # the stalled upstream was cancelled

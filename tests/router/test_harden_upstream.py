@@ -327,7 +327,7 @@ async def test_a_stream_paused_by_an_idle_engine_is_cut_and_says_so(
     scripted: Backends, harness: Harness
 ) -> None:
     b, client, text = await _paused_stream(scripted, harness, IDLE, (0.0, 5.0), stall_s=30)
-    assert '"code":504' in text and "no running or waiting request" in text
+    assert '"code":"backend_timeout"' in text and "no running or waiting request" in text
     assert text.endswith("data: [DONE]\n\n")
     rt = harness.state(client).backends.get(b.url)
     assert rt is not None and rt.breaker.failures == 0, "a slow request is not a dead backend"
@@ -338,7 +338,7 @@ async def test_a_busy_engine_is_waited_for_up_to_stall_s(
     scripted: Backends, harness: Harness
 ) -> None:
     b, client, text = await _paused_stream(scripted, harness, BUSY, (0.0, 5.0), stall_s=0.4)
-    assert '"code":504' in text and "timeouts.stall_s" in text
+    assert '"code":"backend_timeout"' in text and "timeouts.stall_s" in text
     rt = harness.state(client).backends.get(b.url)
     assert rt is not None and rt.breaker.failures == 0
     await _idle_again(harness, client, b)
@@ -362,7 +362,7 @@ async def test_a_stream_of_a_backend_that_turned_unhealthy_is_cut_and_charged(
     await resp.content.readany()  # the first event: the stream is paused now
     b.state.health_status = 500
     text = (await resp.read()).decode()
-    assert '"code":504' in text and "unhealthy" in text
+    assert '"code":"backend_timeout"' in text and "unhealthy" in text
     assert rt.breaker.failures == 1 or rt.breaker.state is not CircuitState.CLOSED
     await _idle_again(harness, client, b)
 
