@@ -146,7 +146,7 @@ async def test_503_is_retried_once_on_another_backend_and_counts_against_it(
     bs = await scripted("503", "503", "503")
     client = await harness.router([b.url for b in bs], breaker=BreakerConfig(failure_threshold=2))
     status, body = await _post(client)
-    assert status == 502
+    assert status == 503
     assert "answered 503" in body["error"]["message"]
     assert sorted(_seen(bs)) == [0, 1, 1], "at most two backends saw the body"
     for _ in range(3):

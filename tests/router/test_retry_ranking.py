@@ -159,9 +159,24 @@ async def test_a_body_still_reaches_at_most_two_backends(harness: Harness) -> No
         f.state.fail_status = 503
     client = await harness.router([f.url for f in fakes])
     resp = await client.post("/v1/completions", data=BODY)
-    assert resp.status == 502
-    assert "2 backends tried" in (await resp.json())["error"]["message"]
+    assert resp.status == 503  # they cannot take work: the client should come back later
+    assert resp.headers["Retry-After"] == "1"
+    error = (await resp.json())["error"]
+    assert "2 backends tried" in error["message"] and error["code"] == "backend_unavailable"
     assert sum(len(f.state.requests) for f in fakes) == 2
+
+
+@pytest.mark.parametrize(("sent", "passed"), [("7", "7"), ("soon", "1"), ("9" * 9, "1")])
+async def test_the_engines_retry_after_reaches_the_client(
+    harness: Harness, sent: str, passed: str
+) -> None:
+    fakes = [await harness.backend(name) for name in ("x", "y")]
+    for f in fakes:
+        f.state.fail_status, f.state.fail_retry_after = 503, sent
+    client = await harness.router([f.url for f in fakes])
+    resp = await client.post("/v1/completions", data=BODY)
+    assert resp.status == 503
+    assert resp.headers["Retry-After"] == passed  # seconds as the engine said, if sane
 
 
 def _samples(state: RouterState, name: str, urls: Sequence[str]) -> dict[str, float]:

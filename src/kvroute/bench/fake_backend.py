@@ -79,6 +79,7 @@ class FakeState:
     cache_words: int = 0  # > 0: the toy prefix cache keyed by this many leading words
     virtual_backends: int = 1  # > 1: answer as a router in front of that many backends
     fail_status: int | None = None  # answer completions with this status
+    fail_retry_after: str | None = None  # ... and this Retry-After header
     fail_every: int = 0  # every Nth request answers 503 (0: never)
     reset: bool = False  # read the body, then drop the connection
     hang: bool = False  # never answer (until ``release`` is set: FakeBackend.close)
@@ -171,7 +172,10 @@ async def _answer(
         await asyncio.sleep(state.stall_s)
     n = len(state.bodies)
     if state.fail_status is not None:
-        return _error(state.fail_status, f"engine says {state.fail_status}")
+        resp = _error(state.fail_status, f"engine says {state.fail_status}")
+        if state.fail_retry_after is not None:
+            resp.headers["Retry-After"] = state.fail_retry_after
+        return resp
     if state.fail_every and n % state.fail_every == 0:
         return _error(503, "overloaded")
     if state.reset:

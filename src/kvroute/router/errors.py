@@ -125,6 +125,15 @@ class BackendFailed(KvrouteError, ConnectionError):
     code = "backend_failed"
 
 
+class BackendBusy(KvrouteError):
+    """503: every backend tried answered 503 (it cannot take work now); carries
+    Retry-After (the backend's, else 1 s), so clients back off instead of retrying at once."""
+
+    status = 503
+    error_type = "api_error"
+    code = "backend_unavailable"
+
+
 class NoHealthyBackend(KvrouteError):
     """503: no healthy, non-draining backend can take the request."""
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from kvroute.router.cutoff import cutoff_at
-from kvroute.router.errors import BackendFailed, BackendTimeout
+from kvroute.router.errors import BackendBusy, BackendFailed, BackendTimeout
 
 # response headers never copied back to the client (hop-by-hop or recomputed by aiohttp)
 SKIP_RESPONSE_HEADERS = frozenset(
@@ -62,10 +62,13 @@ class AttemptFailed(Exception):
     ``cause`` labels the retry metric: "connect" | "503" | "5xx" | "reset" | "timeout".
     """
 
-    def __init__(self, cause: str, message: str, *, timeout: bool = False) -> None:
+    def __init__(
+        self, cause: str, message: str, *, timeout: bool = False, retry_after: str | None = None
+    ) -> None:
         super().__init__(message)
         self.cause = cause
         self.timeout = timeout
+        self.retry_after = retry_after  # a 503's Retry-After, when the backend sent one
 
     @property
     def refused(self) -> bool:
@@ -77,9 +80,11 @@ class AttemptFailed(Exception):
         """The body may have reached the backend (only a connect error proves it did not)."""
         return self.cause != "connect"
 
-    def to_client_error(self) -> BackendFailed | BackendTimeout:
+    def to_client_error(self) -> BackendFailed | BackendTimeout | BackendBusy:
         if self.timeout:
             return BackendTimeout(str(self))
+        if self.cause == "503":  # the engines cannot take work now: so says the router
+            return BackendBusy(str(self), headers={"Retry-After": self.retry_after or "1"})
         return BackendFailed(str(self))
 
 
@@ -127,7 +132,9 @@ async def open_upstream(
         # a gateway's 504 in front of the engine is a timeout; other 5xx a failure
         cause = "503" if resp.status == 503 else "5xx"
         msg = f"{url} answered {resp.status}: {detail}"
-        raise AttemptFailed(cause, msg, timeout=resp.status == 504)
+        after = resp.headers.get("Retry-After", "")
+        after = after if after.isdigit() and len(after) <= 5 else None  # seconds, sane
+        raise AttemptFailed(cause, msg, timeout=resp.status == 504, retry_after=after)
     return resp
 
 
