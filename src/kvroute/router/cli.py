@@ -18,9 +18,10 @@ from kvroute.router.app import make_app
 from kvroute.router.config import RouterConfig, load_config, parse_policy_args
 from kvroute.router.config_print import dump_config
 from kvroute.router.kv_flags import add_kv_arguments, kv_load_kwargs
-from kvroute.router.listener import ensure_fd_limit, start_listeners
+from kvroute.router.listener import ListenError, ensure_fd_limit, start_listeners
 
 log = logging.getLogger("kvroute.router")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")  # --log-level, any case
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -116,7 +117,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
                    "present wins; replaces the configured list)")  # fmt: skip
     p.add_argument("--no-session-hints", dest="session_hints", action="store_false",
                    help="ignore session headers and the body's user field")  # fmt: skip
-    p.add_argument("--log-level", default="WARNING", help="python logging level")
+    p.add_argument("--log-level", default="WARNING", type=str.upper, choices=LOG_LEVELS,
+                   help="python logging level (default WARNING)")  # fmt: skip
     add_kv_arguments(p)
     p.set_defaults(func=run)
 
@@ -161,7 +163,7 @@ def _with_session_flags(config: RouterConfig, args: argparse.Namespace) -> Route
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(message)s")
     try:
         config = config_from_args(args)
         if args.print_config:
@@ -182,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
         pass
     try:
         asyncio.run(serve(config))
-    except ValueError as exc:  # e.g. unknown policy
+    except (ValueError, ListenError) as exc:  # e.g. unknown policy, port in use
         print(f"kvroute serve: {exc}", file=sys.stderr)
         return 2
     return 0

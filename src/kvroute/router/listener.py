@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import resource
-from collections.abc import Awaitable, Callable
+import socket
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 
@@ -160,6 +162,40 @@ class GuardedSite(web.BaseSite):
         self._port = self._server.sockets[0].getsockname()[1]
 
 
+class ListenError(OSError):
+    """A listener could not bind its address; the message names the address, the
+    flags that set it, the reason and what to do (``kvroute serve`` prints it)."""
+
+
+def describe_bind_error(exc: OSError, host: str, port: int, flags: tuple[str, str]) -> str:
+    """Why binding ``host:port`` failed and what to do; ``flags``: the host and port
+    flags that chose the address (e.g. ``("--host", "--port")``)."""
+    host_flag, port_flag = flags
+    where = f"cannot listen on {host}:{port}"
+    if isinstance(exc, socket.gaierror):
+        return f"{where}: {host_flag} {host!r} is not an address or a name that resolves"
+    if exc.errno == errno.EADDRINUSE:
+        return f"{where}: the port is in use; stop what listens there or choose another {port_flag}"
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return f"{where}: {host} is not an address of this machine; fix {host_flag}"
+    if exc.errno == errno.EACCES:
+        return f"{where}: permission denied (ports below 1024 need privileges); fix {port_flag}"
+    return f"{where}: {exc.strerror or exc}"
+
+
+@contextlib.contextmanager
+def naming_flags(host: str, port: int, flags: tuple[str, str]) -> Iterator[None]:
+    """Turn an OSError of the bind inside into a ListenError that names ``flags``."""
+    try:
+        yield
+    except ListenError:
+        raise
+    except OSError as exc:
+        error = ListenError(describe_bind_error(exc, host, port, flags))
+        error.errno = exc.errno
+        raise error from exc
+
+
 @dataclass(slots=True)
 class Listeners:
     """A running router's runner, guard and bound addresses."""
@@ -180,7 +216,8 @@ async def start_listeners(
 ) -> Listeners:
     """Set up ``app`` (from ``make_app``) and start its listeners; ``runner.cleanup()``
     stops them and drains. ``reuse_port``: the ports are shared with other workers.
-    ``private_port``: a worker's own extra listener (operator role when split)."""
+    ``private_port``: a worker's own extra listener (operator role when split).
+    A listener that cannot bind raises ListenError."""
     server = config.server
     guard = ConnectionGuard(server)
     app[GUARD] = guard
@@ -198,18 +235,21 @@ async def start_listeners(
     try:
         api = GuardedSite(runner, guard, "api" if split else "all", config.host, config.port,
                           reuse_port=reuse_port, backlog=1024)  # fmt: skip
-        await api.start()
+        with naming_flags(config.host, config.port, ("--host", "--port")):
+            await api.start()
         listeners = Listeners(runner, guard, api.address, None)
         if server.admin_port is not None:
             host = server.admin_host or config.host
             site = GuardedSite(runner, guard, "admin", host, server.admin_port,
                                reuse_port=reuse_port)  # fmt: skip
-            await site.start()
+            with naming_flags(host, server.admin_port, ("--admin-host", "--admin-port")):
+                await site.start()
             listeners.admin = site.address
         if private_port is not None:
             role = "admin" if split else "all"
             site = GuardedSite(runner, guard, role, config.host, private_port)
-            await site.start()
+            with naming_flags(config.host, private_port, ("--host", "--worker-port-base")):
+                await site.start()
             listeners.private = site.address
     except BaseException:
         await runner.cleanup()

@@ -52,7 +52,7 @@ from aiohttp import web
 
 from kvroute.router.app import build_fleet, make_app
 from kvroute.router.config import RouterConfig
-from kvroute.router.listener import ensure_fd_limit, start_listeners
+from kvroute.router.listener import ensure_fd_limit, naming_flags, start_listeners
 from kvroute.router.worker_sync import BUS, BusSpec, attach_bus
 
 log = logging.getLogger("kvroute.router.workers")
@@ -216,7 +216,8 @@ class Supervisor:
     def run(self) -> int:
         """Serve until a signal; 0 when every worker drained and exited cleanly."""
         build_fleet(self.config.policy)  # an unknown policy fails here, not N times below
-        reserved = reserve_port(self.config.host, self.config.port)
+        with naming_flags(self.config.host, self.config.port, ("--host", "--port")):
+            reserved = reserve_port(self.config.host, self.config.port)
         port = reserved.getsockname()[1]
         self.config = replace(self.config, port=port)
         admin_reserved: socket.socket | None = None
@@ -256,7 +257,8 @@ class Supervisor:
         if server.admin_port is None:
             return None, ""
         host = server.admin_host or self.config.host
-        sock = reserve_port(host, server.admin_port)
+        with naming_flags(host, server.admin_port, ("--admin-host", "--admin-port")):
+            sock = reserve_port(host, server.admin_port)
         admin_port = sock.getsockname()[1]
         self.config = replace(self.config, server=replace(server, admin_port=admin_port))
         return sock, f"; admin on http://{host}:{admin_port}"
