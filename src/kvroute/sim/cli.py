@@ -23,6 +23,10 @@ length (default max_tokens 16, also for chat). Faults at run time:
   curl -X POST localhost:8001/sim/faults -d '{"kv_gap": 5}'       #    kv_gap, kv_garbage
   curl localhost:8001/sim/faults;  curl -X DELETE localhost:8001/sim/faults
 """
+PORTS_HINT = (
+    "--host, --port-base, --kv-port-base and --kv-replay-port-base choose the addresses "
+    "(a base of 0: free ports)"
+)
 
 
 def add_parser(subparsers: Any) -> None:
@@ -116,9 +120,12 @@ async def _serve(args: argparse.Namespace, faults: dict[int, Faults]) -> int:
             seed=args.seed,
             jitter=args.jitter,
         )
-    except (ValueError, OSError) as exc:
+    except ValueError as exc:
         print(f"kvroute sim: {exc}", file=sys.stderr)
-        return 1
+        return 2
+    except OSError as exc:  # a port in use, an address not of this machine
+        print(f"kvroute sim: {exc}; {PORTS_HINT}", file=sys.stderr)
+        return 2
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

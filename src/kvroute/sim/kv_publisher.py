@@ -60,18 +60,26 @@ class KvEventPublisher:
         self._pub = self._ctx.socket(zmq.PUB)
         self._pub.setsockopt(zmq.SNDHWM, hwm)
         self._pub.setsockopt(zmq.LINGER, 0)
-        self._pub.bind(_bindable(endpoint))
-        # the resolved endpoint ("tcp://127.0.0.1:*" becomes the bound port)
-        self.endpoint = _connectable(self._pub.getsockopt_string(zmq.LAST_ENDPOINT))
         self.replay_endpoint: str | None = None
         self._replay: zmq.asyncio.Socket | None = None
         self._replay_task: asyncio.Task[None] | None = None
-        if replay_endpoint is not None:
-            actx = zmq.asyncio.Context(shadow=self._ctx)
-            self._replay = actx.socket(zmq.ROUTER)
-            self._replay.setsockopt(zmq.LINGER, 0)
-            self._replay.bind(_bindable(replay_endpoint))
-            self.replay_endpoint = _connectable(self._replay.getsockopt_string(zmq.LAST_ENDPOINT))
+        try:
+            _bind(self._pub, endpoint, "publish KV events")
+            # the resolved endpoint ("tcp://127.0.0.1:*" becomes the bound port)
+            self.endpoint = _connectable(self._pub.getsockopt_string(zmq.LAST_ENDPOINT))
+            if replay_endpoint is not None:
+                actx = zmq.asyncio.Context(shadow=self._ctx)
+                self._replay = actx.socket(zmq.ROUTER)
+                self._replay.setsockopt(zmq.LINGER, 0)
+                _bind(self._replay, replay_endpoint, "serve KV replays")
+                self.replay_endpoint = _connectable(
+                    self._replay.getsockopt_string(zmq.LAST_ENDPOINT)
+                )
+        except OSError:
+            if self._replay is not None:
+                self._replay.close()
+            self._pub.close()
+            raise
 
     def start(self) -> None:
         """Start serving replays (needs a running event loop); no-op without replay."""
@@ -171,6 +179,16 @@ def garbage_message(i: int, topic: bytes, seq: int, ts: float) -> tuple[list[byt
     raw = batches[k - len(frames_only)]
     payload = raw if isinstance(raw, bytes) else msgspec.msgpack.encode(raw)
     return [topic, seq_bytes, payload], True
+
+
+def _bind(sock: zmq.Socket[Any], endpoint: str, what: str) -> None:
+    """Bind ``sock``; an OSError saying what could not be done where, and why."""
+    try:
+        sock.bind(_bindable(endpoint))
+    except zmq.ZMQError as exc:
+        error = OSError(f"cannot {what} on {endpoint}: {zmq.strerror(exc.errno)}")
+        error.errno = exc.errno
+        raise error from exc
 
 
 def _bindable(endpoint: str) -> str:

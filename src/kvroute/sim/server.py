@@ -9,6 +9,7 @@ returns a ``SimFleet`` handle. The imports go one way: engine_loop <- api <- ser
 from __future__ import annotations
 
 import asyncio
+import os
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -62,7 +63,13 @@ class SimBackend(EngineLoop):
         self._runner = web.AppRunner(make_sim_app(self), handler_cancellation=True, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port, backlog=1024)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:
+            reason = os.strerror(exc.errno) if exc.errno and exc.errno > 0 else exc.strerror
+            error = OSError(f"cannot serve HTTP on {self.host}:{self.port}: {reason or exc}")
+            error.errno = exc.errno
+            raise error from exc
         server = site._server
         assert server is not None and server.sockets, "a started site has a socket"
         self.port = server.sockets[0].getsockname()[1]
