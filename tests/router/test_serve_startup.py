@@ -1,8 +1,8 @@
 """``kvroute serve`` refuses what it cannot start with one line naming the flag and exit 2.
 
 A listen address in use, not of this machine or not resolvable (API, admin and the
-``--workers`` supervisor's reserved ports) and a bad ``--log-level``: no Python
-traceback on the way.
+``--workers`` supervisor's reserved ports), a bad ``--log-level``, and ``--print-config``
+given what serve itself would refuse: no Python traceback on the way.
 """
 
 from __future__ import annotations
@@ -84,3 +84,28 @@ def test_log_level_is_a_choice_in_any_case(capsys: pytest.CaptureFixture[str]) -
     err = capsys.readouterr().err
     assert "argument --log-level: invalid choice: 'LOUD'" in err and "Traceback" not in err
     assert main(["serve", "--backend", BACKEND, "--log-level", "info", "--print-config"]) == 0
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--workers", "0"], "workers: must be in [1, 256], got 0"),
+        (["--workers", "-2"], "workers: must be in [1, 256], got -2"),
+        (["--workers", "2", "--worker-port-base", "65535"], "worker_port_base: 65535"),
+    ],
+)
+def test_print_config_refuses_worker_flags_serve_refuses(
+    flags: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["serve", "--backend", BACKEND, *flags, "--print-config"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith(f"kvroute serve: {message}") and not captured.out
+
+
+def test_print_config_without_backends_prints_and_says_serve_would_refuse(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["serve", "--print-config"]) == 0  # a fragment, as compare --router-config
+    captured = capsys.readouterr()
+    assert "policy: prefix" in captured.out
+    assert captured.err.startswith("kvroute serve: note: serve would refuse this: backends:")

@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from kvroute.router.app import make_app
 from kvroute.router.config import RouterConfig, load_config, parse_policy_args
@@ -20,8 +21,12 @@ from kvroute.router.config_print import dump_config
 from kvroute.router.kv_flags import add_kv_arguments, kv_load_kwargs
 from kvroute.router.listener import ListenError, ensure_fd_limit, start_listeners
 
+if TYPE_CHECKING:
+    from kvroute.router.workers import SupervisorConfig
+
 log = logging.getLogger("kvroute.router")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")  # --log-level, any case
+NO_BACKENDS = "backends: give at least one --backend URL or a --config file that lists some"
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -166,13 +171,19 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(message)s")
     try:
         config = config_from_args(args)
+        sup = _supervisor_config(args)  # bad --workers flags fail --print-config too
         if args.print_config:
             print(dump_config(config), end="")
+            if not config.backends:  # a valid fragment (compare --router-config takes one)
+                print(f"kvroute serve: note: serve would refuse this: {NO_BACKENDS}",
+                      file=sys.stderr)  # fmt: skip
             return 0
         if not config.backends:
-            raise ValueError("backends: give at least one --backend URL or a --config file")
-        if args.workers != 1 or args.worker_port_base is not None:
-            return _run_workers(config, args)
+            raise ValueError(NO_BACKENDS)
+        if sup is not None:
+            from kvroute.router.workers import run_workers
+
+            return run_workers(config, sup)
     except (ValueError, OSError) as exc:
         print(f"kvroute serve: {exc}", file=sys.stderr)
         return 2
@@ -190,17 +201,19 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_workers(config: RouterConfig, args: argparse.Namespace) -> int:
-    """Several router processes on one port (router/workers.py); ValueError on bad flags."""
-    from kvroute.router.workers import SupervisorConfig, run_workers
+def _supervisor_config(args: argparse.Namespace) -> SupervisorConfig | None:
+    """How ``--workers N`` runs (router/workers.py); None for one process; ValueError on
+    bad flags."""
+    if args.workers == 1 and args.worker_port_base is None:
+        return None
+    from kvroute.router.workers import SupervisorConfig
 
-    sup = SupervisorConfig(
+    return SupervisorConfig(
         num_workers=args.workers,
         private_port_base=args.worker_port_base,
         log_level=args.log_level,
         share_decisions=args.worker_sync,
     )
-    return run_workers(config, sup)
 
 
 async def serve(config: RouterConfig, *, ready: asyncio.Event | None = None) -> None:
