@@ -70,6 +70,8 @@ class ChaosConfig:
             raise ValueError("backends must be >= 2 (one stays fault-free at any time)")
         if not self.duration_s > 0:
             raise ValueError("duration_s must be > 0")
+        if self.users < 1:
+            raise ValueError("users must be >= 1")
 
 
 @dataclass

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,8 @@ from rich.table import Table
 
 from kvroute.bench.chaos import ChaosConfig, ChaosResult, run_chaos, write_report
 from kvroute.bench.chaos_faults import FAULT_KINDS
-from kvroute.bench.procs import exit_on_sigterm
+from kvroute.bench.cli_args import int_at_least, make_out_dir, positive_float
+from kvroute.bench.procs import error_line, exit_on_sigterm
 
 
 def _kinds(text: str) -> tuple[str, ...]:
@@ -37,9 +39,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     d = ChaosConfig()
     p.add_argument("--seed", type=int, default=d.seed, help="schedule and load seed (0)")
-    p.add_argument("--duration", type=float, default=d.duration_s, help="seconds of faults (60)")
-    p.add_argument("--backends", type=int, default=d.backends, help="simulators (3)")
-    p.add_argument("--users", type=int, default=d.users, help="closed-loop clients (6)")
+    p.add_argument("--duration", type=positive_float, default=d.duration_s,
+                   help="seconds of faults (60)")  # fmt: skip
+    p.add_argument("--backends", type=int_at_least(2), default=d.backends,
+                   help="simulators, >= 2: one is fault-free at any time (3)")  # fmt: skip
+    p.add_argument("--users", type=int_at_least(1), default=d.users,
+                   help="closed-loop clients (6)")  # fmt: skip
     every = ",".join(FAULT_KINDS)
     p.add_argument("--kinds", type=_kinds, default=d.kinds,
                    help=f"comma-separated fault kinds (default all: {every})")  # fmt: skip
@@ -49,11 +54,20 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def main(args: argparse.Namespace) -> int:
-    config = ChaosConfig(duration_s=args.duration, seed=args.seed, backends=args.backends,
-                         users=args.users, kinds=args.kinds, out=args.out)  # fmt: skip
+    try:
+        out = None if args.out is None else make_out_dir(args.out)
+        config = ChaosConfig(duration_s=args.duration, seed=args.seed, backends=args.backends,
+                             users=args.users, kinds=args.kinds, out=out)  # fmt: skip
+    except ValueError as exc:
+        print(f"kvroute chaos: {exc}", file=sys.stderr)
+        return 2
     console = Console()
     exit_on_sigterm()
-    result = asyncio.run(run_chaos(config, notify=console.print))
+    try:
+        result = asyncio.run(run_chaos(config, notify=console.print))
+    except (RuntimeError, TimeoutError, OSError) as exc:  # a process did not start
+        print(f"kvroute chaos: {error_line(exc)}", file=sys.stderr)
+        return 1
     path = write_report(result)
     for table in report_tables(result):
         console.print(table)

@@ -409,6 +409,15 @@ class ManagedProcess:
         _LIVE.discard(self)
 
 
+def error_line(exc: BaseException) -> str:
+    """An error as one console line: ``Type: first line``, and when the message goes on
+    (a ManagedProcess failure ends with the tail of the child's log) its last line too,
+    which is the child's own error: ``RuntimeError: sim exited (2): kvroute sim: ...``."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    text = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+    return f"{text} {lines[-1]}" if len(lines) > 1 else text
+
+
 def http_ok(url: str, timeout_s: float = 2.0) -> bool:
     """Whether a GET of ``url`` answers 200 now (synchronous)."""
     try:

@@ -81,6 +81,8 @@ class SoakConfig:
             raise ValueError("restart_every_s and restart_down_s must be >= 0")
         if self.backends < 2:
             raise ValueError("backends must be >= 2 (one is restarted while others serve)")
+        if self.users < 1:
+            raise ValueError("users must be >= 1")
         if self.mode not in ("exact", "approximate", "auto"):
             raise ValueError(f"mode must be exact, approximate or auto, got {self.mode!r}")
 

@@ -10,13 +10,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from kvroute.bench.procs import exit_on_sigterm
+from kvroute.bench.cli_args import (
+    engine_profile,
+    int_at_least,
+    make_out_dir,
+    non_negative_float,
+    positive_float,
+)
+from kvroute.bench.procs import error_line, exit_on_sigterm
 from kvroute.bench.soak import Sample, SoakConfig, SoakResult, run_soak, write_outputs
 
 
@@ -28,18 +36,23 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     d = SoakConfig()
-    p.add_argument("--duration", type=float, default=d.duration_s, help="load seconds (1800)")
-    p.add_argument("--sample-s", type=float, default=d.sample_s, help="sampling period (10)")
-    p.add_argument("--restart-every-s", type=float, default=d.restart_every_s,
+    p.add_argument("--duration", type=positive_float, default=d.duration_s,
+                   help="load seconds (1800)")  # fmt: skip
+    p.add_argument("--sample-s", type=positive_float, default=d.sample_s,
+                   help="sampling period (10)")  # fmt: skip
+    p.add_argument("--restart-every-s", type=non_negative_float, default=d.restart_every_s,
                    help="kill and restart one backend this often, 0: never (180)")  # fmt: skip
-    p.add_argument("--restart-down-s", type=float, default=d.restart_down_s,
+    p.add_argument("--restart-down-s", type=non_negative_float, default=d.restart_down_s,
                    help="seconds a killed backend stays down (2)")  # fmt: skip
-    p.add_argument("--warmup-s", type=float, default=None,
+    p.add_argument("--warmup-s", type=non_negative_float, default=None,
                    help="seconds before the flat check starts (max(2 samples, 10 %%))")  # fmt: skip
-    p.add_argument("--backends", type=int, default=d.backends, help="simulators (3)")
-    p.add_argument("--users", type=int, default=d.users, help="closed-loop clients (8)")
+    p.add_argument("--backends", type=int_at_least(2), default=d.backends,
+                   help="simulators, >= 2: one restarts while others serve (3)")  # fmt: skip
+    p.add_argument("--users", type=int_at_least(1), default=d.users,
+                   help="closed-loop clients (8)")  # fmt: skip
     p.add_argument("--mode", default=d.mode, choices=("exact", "approximate", "auto"))
-    p.add_argument("--profile", default=d.profile, help="simulator profile (tiny)")
+    p.add_argument("--profile", type=engine_profile, default=d.profile,
+                   help="simulator profile (tiny)")  # fmt: skip
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--out", type=Path, default=None, help="output folder (default: a temp dir)")
     p.set_defaults(func=main)
@@ -47,11 +60,17 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def main(args: argparse.Namespace) -> int:
-    config = SoakConfig(
-        duration_s=args.duration, sample_s=args.sample_s, restart_every_s=args.restart_every_s,
-        restart_down_s=args.restart_down_s, warmup_s=args.warmup_s, backends=args.backends,
-        users=args.users, mode=args.mode, profile=args.profile, seed=args.seed, out=args.out,
-    )  # fmt: skip
+    try:
+        config = SoakConfig(
+            duration_s=args.duration, sample_s=args.sample_s,
+            restart_every_s=args.restart_every_s, restart_down_s=args.restart_down_s,
+            warmup_s=args.warmup_s, backends=args.backends, users=args.users, mode=args.mode,
+            profile=args.profile, seed=args.seed,
+            out=None if args.out is None else make_out_dir(args.out),
+        )  # fmt: skip
+    except ValueError as exc:
+        print(f"kvroute soak: {exc}", file=sys.stderr)
+        return 2
     console = Console()
     console.print(
         f"[bold]kvroute soak[/]: {config.duration_s:g} s, sample every {config.sample_s:g} s, "
@@ -69,7 +88,11 @@ def main(args: argparse.Namespace) -> int:
         )
 
     exit_on_sigterm()
-    result = asyncio.run(run_soak(config, notify))
+    try:
+        result = asyncio.run(run_soak(config, notify))
+    except (RuntimeError, TimeoutError, OSError) as exc:  # a process did not start
+        print(f"kvroute soak: {error_line(exc)}", file=sys.stderr)
+        return 1
     paths = write_outputs(result)
     console.print(verdict_table(result))
     console.print(f"samples and verdict: {paths['json']}\nplot: {paths['plot']}")
