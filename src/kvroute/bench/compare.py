@@ -34,6 +34,7 @@ from kvroute.bench.procs import (
     RouterSpec,
     RouterUnavailable,
     check_router_config,
+    error_line,
     free_port,
     free_port_range,
     parse_router,
@@ -77,6 +78,9 @@ class CompareConfig:
             raise ValueError("CompareConfig.num_backends must be >= 1")
         if not self.speedup > 0:
             raise ValueError("CompareConfig.speedup must be > 0")
+        if not self.startup_timeout_s > 0:
+            raise ValueError("CompareConfig.startup_timeout_s must be > 0")
+        get_profile(self.profile)  # ValueError for an unknown profile, before anything starts
         for name in self.routers:
             parse_router(name)  # ValueError for an unknown name, before anything starts
         if self.router_config is not None:
@@ -282,7 +286,7 @@ async def run_compare_async(
                 continue
             except (RuntimeError, TimeoutError, OSError) as exc:
                 outcome.error = f"{type(exc).__name__}: {exc}"
-                say(f"{name}: failed ({outcome.error.splitlines()[0]})")
+                say(f"{name}: failed ({error_line(exc)})")
                 continue
             outcome.bench = bench
             if metrics_text is not None and config.log_dir is not None:

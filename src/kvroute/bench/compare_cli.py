@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,30 @@ from kvroute.bench.compare_report import (
 )
 from kvroute.bench.decisions import DEFAULT_WINDOWS
 from kvroute.bench.workloads import WORKLOAD_NAMES
+
+# config fields -> the flags that set them (CompareConfig, LoadConfig), for messages
+FIELD_FLAGS = {
+    "routers": "--routers",
+    "num_backends": "--backends",
+    "speedup": "--speedup",
+    "startup_timeout_s": "--startup-timeout",
+    "num_users": "--concurrency",
+    "think_time_s": "--think-time",
+    "rates": "--rate",
+    "burstiness": "--burstiness",
+    "max_concurrency": "--max-concurrency",
+    "num_requests": "--num-requests",
+    "duration_s": "--duration",
+    "num_warmup": "--num-warmup",
+    "request_timeout_s": "--timeout",
+}
+_CONFIG_FIELD = re.compile(r"\b(?:CompareConfig|LoadConfig)\.(\w+)")
+
+
+def in_flags(message: str) -> str:
+    """A config class's error message with each ``Class.field`` it names replaced by the
+    flag that sets that field (``CompareConfig.num_backends`` -> ``--backends``)."""
+    return _CONFIG_FIELD.sub(lambda m: FIELD_FLAGS.get(m[1], m[0]), message)
 
 
 def parse_pair(text: str) -> tuple[float, float]:
@@ -200,7 +225,7 @@ def run_and_report(args: argparse.Namespace, out: Path, command: str) -> int:
     try:
         config = config_from_args(args, out)
     except ValueError as exc:
-        print(f"kvroute {command}: {exc}", file=sys.stderr)
+        print(f"kvroute {command}: {in_flags(str(exc))}", file=sys.stderr)
         return 2
 
     def notify(line: str) -> None:
@@ -209,7 +234,7 @@ def run_and_report(args: argparse.Namespace, out: Path, command: str) -> int:
     try:
         outcomes = run_compare(config, notify)
     except ValueError as exc:  # a bad workload name or parameter, found before any run
-        print(f"kvroute {command}: {exc}", file=sys.stderr)
+        print(f"kvroute {command}: {in_flags(str(exc))}", file=sys.stderr)
         return 2
     return report(outcomes, out, plots=not args.no_plots, analysis=command == "compare")
 

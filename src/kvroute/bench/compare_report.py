@@ -23,6 +23,7 @@ from typing import Any
 from kvroute.bench.compare import BASELINE, RouterOutcome, safe_name
 from kvroute.bench.decisions import DEFAULT_WINDOWS, analyze, format_analysis
 from kvroute.bench.metrics import RequestRecord
+from kvroute.bench.procs import one_line
 from kvroute.bench.report import jsonable, write_outputs
 from kvroute.bench.runner import BenchResult
 
@@ -86,7 +87,7 @@ def table_rows(outcomes: Mapping[str, RouterOutcome]) -> list[list[str]]:
             rows.append([name, *(_cell(outcome.bench.result, base, c) for c in COLUMNS)])
         else:
             why = f"skipped: {outcome.skipped}" if outcome.skipped else f"failed: {outcome.error}"
-            rows.append([name, why.splitlines()[0]])
+            rows.append([name, one_line(why)])
     return rows
 
 

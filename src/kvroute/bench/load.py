@@ -64,8 +64,10 @@ class LoadConfig:
             raise ValueError("LoadConfig.num_requests must be >= 0")
         if self.duration_s is not None and not self.duration_s > 0:
             raise ValueError("LoadConfig.duration_s must be > 0")
-        if self.num_warmup < 0 or not self.request_timeout_s > 0:
-            raise ValueError("LoadConfig.num_warmup must be >= 0, request_timeout_s > 0")
+        if self.num_warmup < 0:
+            raise ValueError("LoadConfig.num_warmup must be >= 0")
+        if not self.request_timeout_s > 0:
+            raise ValueError("LoadConfig.request_timeout_s must be > 0")
         unbounded = self.num_requests is None and self.duration_s is None
         if self.mode == "open" and len(self.rates) > 1 and unbounded:
             raise ValueError("a rate ladder needs num_requests or duration_s")

@@ -409,13 +409,19 @@ class ManagedProcess:
         _LIVE.discard(self)
 
 
+def one_line(text: str) -> str:
+    """A message as one console line: its first line, and its last when it goes on (a
+    ManagedProcess failure ends with the tail of the child's log, whose last line is the
+    child's own error: ``sim exited (2): ... kvroute sim: unknown engine profile``)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if len(lines) > 1:
+        return f"{lines[0]} {lines[-1]}"
+    return lines[0] if lines else ""
+
+
 def error_line(exc: BaseException) -> str:
-    """An error as one console line: ``Type: first line``, and when the message goes on
-    (a ManagedProcess failure ends with the tail of the child's log) its last line too,
-    which is the child's own error: ``RuntimeError: sim exited (2): kvroute sim: ...``."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    text = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
-    return f"{text} {lines[-1]}" if len(lines) > 1 else text
+    """``one_line`` of ``Type: message``."""
+    return one_line(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
 
 
 def http_ok(url: str, timeout_s: float = 2.0) -> bool:

@@ -46,6 +46,7 @@ from kvroute.bench.compare_cli import (
     add_fleet_and_load_options,
     config_from_args,
     default_out,
+    in_flags,
     parse_list,
     report,
 )
@@ -169,7 +170,7 @@ def main(args: argparse.Namespace) -> int:
         if args.plan:
             pricing = _plan_pricing(args, profile.gpus)
     except ValueError as exc:
-        print(f"kvroute simulate: {exc}", file=sys.stderr)
+        print(f"kvroute simulate: {in_flags(str(exc))}", file=sys.stderr)
         return 2
     if args.plan:
         return _run_plan(args, config, profile, load, timing, pricing, out)
