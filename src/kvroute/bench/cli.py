@@ -3,6 +3,11 @@
 Example: ``kvroute bench --target http://127.0.0.1:8000 --workload gsp --rate 4
 --num-requests 200 --backend-metrics http://127.0.0.1:8001 http://127.0.0.1:8002
 --out results/gsp``.
+
+Before the load the target is asked for its /v1/models (or /health when it has no
+list): a target that does not answer, a URL with a /v1 too many or a ``--model`` it does
+not serve is an error naming the target (exit 2). After a run with failures, the most
+common reasons are printed under the summary.
 """
 
 from __future__ import annotations
@@ -13,11 +18,14 @@ import math
 import sys
 from typing import Any
 
-from kvroute.bench.compare_cli import parse_pair
+import aiohttp
+
+from kvroute.bench.cli_args import check_out_dir, make_out_dir
+from kvroute.bench.compare_cli import in_flags, parse_pair
 from kvroute.bench.load import LoadConfig, default_load
 from kvroute.bench.progress import rich_progress
-from kvroute.bench.report import format_summary, write_outputs
-from kvroute.bench.runner import BenchResult, run_benchmark
+from kvroute.bench.report import format_failures, format_summary, write_outputs
+from kvroute.bench.runner import BenchResult, check_target, check_target_url, run_benchmark
 from kvroute.bench.workloads import WORKLOAD_NAMES, Workload, is_trace_replay, make_workload
 
 # mooncake shortcut flag -> replay parameter
@@ -129,6 +137,12 @@ def build_load(args: argparse.Namespace, workload: Workload) -> LoadConfig:
     return default_load(workload, **fields)
 
 
+async def _check(args: argparse.Namespace) -> None:
+    """The target answers and serves ``--model`` (TargetError otherwise)."""
+    async with aiohttp.ClientSession() as session:
+        await check_target(session, args.target, args.model)
+
+
 async def _run(args: argparse.Namespace, workload: Workload, load: LoadConfig) -> BenchResult:
     label = f"{workload.name} -> {args.target}"
     with rich_progress(label, load.num_requests, load.duration_s, enabled=not args.quiet) as cb:
@@ -144,13 +158,21 @@ async def _run(args: argparse.Namespace, workload: Workload, load: LoadConfig) -
 
 def main(args: argparse.Namespace) -> int:
     try:
+        check_target_url(args.target)
+        if args.out is not None:
+            check_out_dir(args.out)
         workload = build_workload(args)
         load = build_load(args, workload)
+        asyncio.run(_check(args))
+        if args.out is not None:
+            make_out_dir(args.out)
     except (ValueError, OSError) as exc:
-        print(f"kvroute bench: {exc}", file=sys.stderr)
+        print(f"kvroute bench: {in_flags(str(exc))}", file=sys.stderr)
         return 2
     bench = asyncio.run(_run(args, workload, load))
     print(format_summary(bench.result))
+    if failures := format_failures(bench.records):
+        print(failures)
     if args.out:
         paths = write_outputs(bench, args.out, plots=not args.no_plots)
         print("wrote " + ", ".join(str(p) for p in paths.values()))

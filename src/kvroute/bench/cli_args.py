@@ -3,7 +3,8 @@
 The argparse types turn a value out of range into argparse's own one-line error, which
 names the flag (``kvroute soak: error: argument --duration: must be a number > 0, got
 '0'``, exit 2), instead of a ValueError from a config class deep in the run.
-``make_out_dir`` checks an output folder before a run rather than after it.
+``check_out_dir`` and ``make_out_dir`` check an output folder before a run rather than
+after it.
 """
 
 from __future__ import annotations
@@ -67,16 +68,26 @@ def engine_profile(text: str) -> str:
     return text
 
 
-def make_out_dir(path: str | Path, flag: str = "--out") -> Path:
-    """Create the output folder ``path`` (and its parents) now, before a run writes into
-    it; ValueError naming ``flag`` when it is a file or cannot be created or written."""
+def check_out_dir(path: str | Path, flag: str = "--out") -> Path:
+    """ValueError naming ``flag`` unless ``path`` is a writable folder or could be made
+    one (its nearest existing ancestor is a writable folder); creates nothing."""
     out = Path(path)
     if out.exists() and not out.is_dir():
         raise ValueError(f"{flag} {out}: is a file, not a folder; give a folder to write into")
+    existing = next((p for p in (out, *out.absolute().parents) if p.exists()), None)
+    if existing is None or not existing.is_dir():
+        raise ValueError(f"{flag} {out}: cannot create it ({existing} is not a folder)")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {out}: cannot create it ({existing} is not writable)")
+    return out
+
+
+def make_out_dir(path: str | Path, flag: str = "--out") -> Path:
+    """Create the output folder ``path`` (and its parents) now, before a run writes into
+    it; ValueError naming ``flag`` when it is a file or cannot be created."""
+    out = check_out_dir(path, flag)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ValueError(f"{flag} {out}: cannot create it ({exc.strerror or exc})") from None
-    if not os.access(out, os.W_OK | os.X_OK):
-        raise ValueError(f"{flag} {out}: the folder is not writable")
     return out

@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
+from kvroute.bench.metrics import RequestRecord
 from kvroute.bench.runner import BenchResult
 
 BANNER = "{s:{c}^{n}}"
+MAX_REASON_CHARS = 200  # a failure reason on the console is cut here
 _SECTIONS = (
     ("ttft", "TTFT", "Time to First Token"),
     ("tpot", "TPOT", "Time per Output Token (excl. 1st token)"),
@@ -88,6 +92,21 @@ def _backend_lines(rows: list[dict[str, Any]]) -> list[str]:
             f"{_fmt(r['prefill_tokens'], '.0f'):>12} {_fmt(r['mean_ttft_ms'], '.1f'):>9}"
         )
     return out
+
+
+def format_failures(records: Sequence[RequestRecord], top: int = 3) -> str:
+    """The ``top`` most common reasons requests failed (warm-up included), with their
+    counts, most common first; empty when none failed."""
+    reasons = Counter(
+        " ".join((r.error or "failed").split())[:MAX_REASON_CHARS] for r in records if not r.ok
+    )
+    if not reasons:
+        return ""
+    lines = [f"Failed requests by reason ({sum(reasons.values())} in all, warm-up included):"]
+    lines += [f"{n:>8} x {reason}" for reason, n in reasons.most_common(top)]
+    if len(reasons) > top:
+        lines.append(f"{'':>8}   and {len(reasons) - top} other reasons")
+    return "\n".join(lines)
 
 
 def jsonable(value: Any) -> Any:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import json
+import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -94,6 +96,73 @@ async def discover_model(session: aiohttp.ClientSession, target_url: str) -> str
             data = (await resp.json()).get("data") or []
             return str(data[0]["id"]) if data else None
     except (TimeoutError, aiohttp.ClientError, ValueError, KeyError, TypeError):
+        return None
+
+
+class TargetError(ValueError):
+    """The target cannot take the benchmark (not a URL, not answering, unknown model)."""
+
+
+CHECK_TIMEOUT_S = 10.0  # the pre-flight requests of ``check_target``
+
+
+def check_target_url(target_url: str) -> None:
+    """TargetError unless ``target_url`` is an http(s) URL with a host."""
+    parts = urllib.parse.urlsplit(target_url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise TargetError(
+            f"--target {target_url!r} is not an http(s) URL; give the base URL of the "
+            "router or engine, e.g. http://127.0.0.1:8000"
+        )
+
+
+async def check_target(
+    session: aiohttp.ClientSession, target_url: str, model: str | None = None
+) -> None:
+    """Before any load: the target answers GET /v1/models (or, when it has none, GET
+    /health) with 200 and, when its list is read and ``model`` is given, serves ``model``.
+    TargetError naming the target and the cause otherwise."""
+    check_target_url(target_url)
+    base = target_url.rstrip("/")
+    hint = (
+        "; drop the /v1 from --target (bench adds /v1/... itself)" if base.endswith("/v1") else ""
+    )
+    timeout = aiohttp.ClientTimeout(total=CHECK_TIMEOUT_S)
+    try:
+        async with session.get(base + "/v1/models", timeout=timeout) as resp:
+            status, body = resp.status, await resp.read()
+        if status == 404 and not hint:  # an endpoint without the list: is it up at all?
+            async with session.get(base + "/health", timeout=timeout) as resp:
+                if resp.status == 200:
+                    return
+    except TimeoutError:
+        raise TargetError(
+            f"--target {target_url}: no answer in {CHECK_TIMEOUT_S:g} s{hint}"
+        ) from None
+    except aiohttp.ClientError as exc:
+        raise TargetError(
+            f"--target {target_url}: cannot connect ({type(exc).__name__}: {exc}); "
+            "is the router or engine running there?"
+        ) from None
+    if status != 200:
+        text = body[:200].decode(errors="replace").strip()
+        raise TargetError(
+            f"--target {target_url}: GET {base}/v1/models answered {status}: {text}{hint}"
+        )
+    served = _model_ids(body)
+    if model is not None and served is not None and model not in served:
+        raise TargetError(
+            f"--model {model!r} is not served by {target_url}; it serves: "
+            + (", ".join(served) or "no model")
+        )
+
+
+def _model_ids(body: bytes) -> list[str] | None:
+    """The ids of an OpenAI model list; None when ``body`` is not one."""
+    try:
+        data = json.loads(body).get("data")
+        return [str(card["id"]) for card in data]
+    except (ValueError, AttributeError, KeyError, TypeError):
         return None
 
 
