@@ -14,7 +14,7 @@ from aiohttp.test_utils import TestServer
 
 from kvroute.bench.metrics import RequestRecord
 from kvroute.bench.report import format_failures
-from kvroute.bench.runner import TargetError, check_target
+from kvroute.bench.runner import TargetError, check_backend_metrics, check_target
 from kvroute.cli import main
 
 BENCH = ["bench", "--workload", "gsp", "--duration", "2", "--no-plots", "--quiet"]
@@ -126,3 +126,18 @@ def test_a_run_with_failures_prints_why(fake_in_thread, capsys) -> None:
     printed = capsys.readouterr().out
     assert "Failed requests by reason (4 in all, warm-up included):" in printed
     assert "       4 x HTTP 500: " in printed
+
+
+async def test_backend_metrics_without_engine_counters_are_refused(
+    fake, session: aiohttp.ClientSession
+) -> None:
+    """A run whose --backend-metrics give no counters ended with "hit rate n/a" and no
+    word of why (a router's address, a dead port)."""
+    url, state = fake
+    await check_backend_metrics(session, [url])
+    dead = f"http://127.0.0.1:{closed_port()}"
+    with pytest.raises(TargetError, match=rf"--backend-metrics {dead}: {dead}/metrics gives no"):
+        await check_backend_metrics(session, [url, dead])
+    state.metrics_text = "# HELP kvroute_requests_total x\n# TYPE kvroute_requests_total counter\n"
+    with pytest.raises(TargetError, match="not the router's"):
+        await check_backend_metrics(session, [url])

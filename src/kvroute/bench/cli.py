@@ -25,7 +25,13 @@ from kvroute.bench.compare_cli import in_flags, parse_pair
 from kvroute.bench.load import LoadConfig, default_load
 from kvroute.bench.progress import rich_progress
 from kvroute.bench.report import format_failures, format_summary, write_outputs
-from kvroute.bench.runner import BenchResult, check_target, check_target_url, run_benchmark
+from kvroute.bench.runner import (
+    BenchResult,
+    check_backend_metrics,
+    check_target,
+    check_target_url,
+    run_benchmark,
+)
 from kvroute.bench.workloads import WORKLOAD_NAMES, Workload, is_trace_replay, make_workload
 
 # mooncake shortcut flag -> replay parameter
@@ -141,6 +147,7 @@ async def _check(args: argparse.Namespace) -> None:
     """The target answers and serves ``--model`` (TargetError otherwise)."""
     async with aiohttp.ClientSession() as session:
         await check_target(session, args.target, args.model)
+        await check_backend_metrics(session, args.backend_metrics)
 
 
 async def _run(args: argparse.Namespace, workload: Workload, load: LoadConfig) -> BenchResult:

@@ -157,6 +157,20 @@ async def check_target(
         )
 
 
+async def check_backend_metrics(session: aiohttp.ClientSession, urls: Sequence[str]) -> None:
+    """Before any load: each ``--backend-metrics`` URL gives an engine's prefix-cache
+    counters (else the run would end with "hit rate n/a"); TargetError names the first
+    that does not."""
+    values = await asyncio.gather(*(scrape_counters(session, u, CHECK_TIMEOUT_S) for u in urls))
+    for url, counters in zip(urls, values, strict=True):
+        if counters is None:
+            raise TargetError(
+                f"--backend-metrics {url}: {metrics_url(url)} gives no engine prefix-cache "
+                "counters (unreachable, or not an engine: give each engine's own address, "
+                "not the router's)"
+            )
+
+
 def _model_ids(body: bytes) -> list[str] | None:
     """The ids of an OpenAI model list; None when ``body`` is not one."""
     try:
