@@ -113,3 +113,14 @@ def test_a_trace_without_rows_is_an_error(tmp_path, reader, text) -> None:
     path.write_text(text)
     with pytest.raises(ValueError, match="no rows"):
         reader(path)
+
+
+def test_rows_out_of_order_are_replayed_in_timestamp_order(tmp_path) -> None:
+    path = tmp_path / "reversed.csv"
+    path.write_text(HEADER + "".join(reversed(MINI.splitlines(keepends=True))))
+    assert [r.timestamp_ms for r in read_azure_trace(path)] == pytest.approx(
+        [4819.41, 4319.41, 4314.579, 0.0]
+    )
+    specs = list(make_workload(f"azure:{path}").requests())
+    assert [s.num_prompt_tokens for s in specs] == [374, 1025, 512, 40]
+    assert [s.arrival_s for s in specs] == pytest.approx([0.0, 4.314579, 4.31941, 4.81941])

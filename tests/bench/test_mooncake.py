@@ -134,3 +134,20 @@ def test_tiled_copies_keep_token_counts_and_chunk_boundaries(mini_trace):
     marked = [tile_marked(text, k) for k in range(1, 700)]
     assert len(set(marked)) == 699 and all(len(m) == len(text) for m in marked)
     assert all(m.split(" ")[2:] == text.split(" ")[2:] for m in marked)
+
+
+def test_rows_out_of_order_are_replayed_in_timestamp_order(tmp_path):
+    # the same rows as MINI, written latest first: each must still arrive at its own time
+    # (file order would send every row as soon as the first, the latest, is due)
+    rows = [dict(r, timestamp=t) for r, t in zip(MINI, (9000, 6000, 3000, 0), strict=True)]
+    path = tmp_path / "reversed.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    specs = list(make_workload(f"mooncake:{path}", seed=3).requests())
+    assert [s.arrival_s for s in specs] == [0.0, 3.0, 6.0, 9.0]
+    assert [s.num_prompt_tokens for s in specs] == [1024, 700, 1100, 1200]
+    # rows sharing a timestamp keep their file order
+    path.write_text(
+        "".join(json.dumps(dict(r, timestamp=3000 - r["timestamp"])) + "\n" for r in MINI)
+    )
+    w = make_workload(f"mooncake:{path}", seed=3, overrides={"spread_ms": "0"})
+    assert [s.num_prompt_tokens for s in w.requests()] == [700, 1024, 1200, 1100]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO
@@ -49,9 +50,10 @@ def read_mooncake_trace(path: str | Path, max_rows: int = 0) -> list[TraceRow]:
 
 def read_azure_trace(path: str | Path, max_rows: int = 0) -> list[TraceRow]:
     """Rows of an Azure LLM inference trace (CSV: ``TIMESTAMP``, ``ContextTokens``,
-    ``GeneratedTokens``) as Mooncake rows: arrivals in ms from the first row, and block ids
-    that no other row shares, since the trace has no prompt contents (every prompt is new:
-    the traffic a cache-aware router must serve as well as a plain balancer does).
+    ``GeneratedTokens``) as Mooncake rows, in file order: arrivals in ms from the earliest
+    row (the replay sorts them), and block ids that no other row shares, since the trace
+    has no prompt contents (every prompt is new: the traffic a cache-aware router must
+    serve as well as a plain balancer does).
     ``max_rows`` > 0 stops early. ValueError names the line."""
     rows: list[TraceRow] = []
     next_id = 0
@@ -84,6 +86,8 @@ def read_azure_trace(path: str | Path, max_rows: int = 0) -> list[TraceRow]:
                 break
     if not rows:
         raise ValueError(f"{path}: the trace has no rows")
+    if (first := min(r.timestamp_ms for r in rows)) < 0:  # not sorted: count from the earliest
+        rows = [replace(r, timestamp_ms=r.timestamp_ms - first) for r in rows]
     return rows
 
 
@@ -106,4 +110,4 @@ def _seven_digit_fraction(stamp: str) -> str:
     if not dot:
         return head
     digits = len(rest) - len(rest.lstrip("0123456789"))
-    return f"{head}.{rest[:min(digits, 6)]}{rest[digits:]}"
+    return f"{head}.{rest[: min(digits, 6)]}{rest[digits:]}"

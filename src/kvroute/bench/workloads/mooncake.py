@@ -8,7 +8,8 @@ the prefix-chained ids of its 512-token blocks. Replay rules (docs/workloads.md)
   equal leading ids give equal prompt prefixes and the trace's sharing is reproduced;
 - quantised timestamps (the conversation trace uses ~3 s buckets, up to 28 requests
   each) are spread uniformly (seeded) over their bucket, keeping file order;
-- ``speedup`` divides arrival times, ``max_requests`` keeps the first rows,
+- rows are replayed in timestamp order (a stable sort: the file need not be sorted);
+- ``speedup`` divides arrival times, ``max_requests`` keeps the file's first rows,
   ``input_scale`` shrinks prompts and blocks together (sharing kept), ``output_cap``
   bounds ``max_tokens``.
 
@@ -182,6 +183,9 @@ class MooncakeReplay(Workload):
         self.name = name  # the trace's format: "azure" rows come through the same replay
         p = self.params
         kept = rows[: p.max_requests] if p.max_requests else rows
+        # arrival order (stable: rows sharing a timestamp keep the file's order), which the
+        # ceiling's infinite cache sees them in
+        kept = sorted(kept, key=lambda r: r.timestamp_ms)
         self.rows = [scale_row(r, p.input_scale) for r in kept]
         self.block_tokens = max(1, round(MOONCAKE_BLOCK_TOKENS * p.input_scale))
         self.source = source
@@ -226,8 +230,9 @@ class MooncakeReplay(Workload):
             rng = random.Random(self.seed if k == 0 else f"{self.seed}:tile:{k}")
             copies.append(spread_timestamps(raw, self.bucket_ms, rng))
         order = [(stamp, k, i) for k, stamps in enumerate(copies) for i, stamp in enumerate(stamps)]
-        if p.tile > 1:  # one copy keeps the file's order
-            order.sort(key=lambda x: x[0])
+        # by arrival, ties in copy and file order: a row sent after a later one would go out
+        # as soon as that one is due (traces need not be sorted; spread buckets may overlap)
+        order.sort(key=lambda x: x[0])
         for n, (stamp, k, i) in enumerate(order):
             row = self.rows[i]
             max_tokens = max(1, row.output_length)
