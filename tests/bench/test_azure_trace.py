@@ -124,3 +124,13 @@ def test_rows_out_of_order_are_replayed_in_timestamp_order(tmp_path) -> None:
     specs = list(make_workload(f"azure:{path}").requests())
     assert [s.num_prompt_tokens for s in specs] == [374, 1025, 512, 40]
     assert [s.arrival_s for s in specs] == pytest.approx([0.0, 4.314579, 4.31941, 4.81941])
+
+
+@pytest.mark.parametrize(
+    "row", ["inf,374,44", "nan,374,44", "2023-11-16 18:15:52,inf,3", "2023-11-16 18:15:52,3,nan"]
+)
+def test_a_non_finite_value_names_the_line(tmp_path, row) -> None:
+    path = tmp_path / "inf.csv"
+    path.write_text(HEADER + MINI + row + "\n")
+    with pytest.raises(ValueError, match=r"inf\.csv:6: not an Azure trace row"):
+        read_azure_trace(path)

@@ -151,3 +151,23 @@ def test_rows_out_of_order_are_replayed_in_timestamp_order(tmp_path):
     )
     w = make_workload(f"mooncake:{path}", seed=3, overrides={"spread_ms": "0"})
     assert [s.num_prompt_tokens for s in w.requests()] == [700, 1024, 1200, 1100]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("timestamp", "Infinity"),
+        ("timestamp", "-Infinity"),
+        ("timestamp", "NaN"),
+        ("input_length", "Infinity"),
+        ("output_length", "NaN"),
+    ],
+)
+def test_a_non_finite_number_names_the_line(tmp_path, field, value):
+    # json reads Infinity and NaN; an infinite arrival would never come (the run hangs)
+    row = json.dumps(MINI[3]).replace(f'"{field}": {MINI[3][field]}', f'"{field}": {value}')
+    path = tmp_path / "inf.jsonl"
+    path.write_text(json.dumps(MINI[0]) + "\n" + row + "\n")
+    with pytest.raises(ValueError, match=r"inf\.jsonl:2: not a Mooncake trace row") as exc:
+        read_mooncake_trace(path)
+    assert field != "timestamp" or "timestamp" in str(exc.value)

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from kvroute.bench.workloads.mooncake import MOONCAKE_BLOCK_TOKENS, TraceRow
 
@@ -30,22 +31,28 @@ def read_mooncake_trace(path: str | Path, max_rows: int = 0) -> list[TraceRow]:
             if not line.strip():
                 continue
             try:
-                obj = json.loads(line)
-                rows.append(
-                    TraceRow(
-                        timestamp_ms=float(obj["timestamp"]),
-                        input_length=int(obj["input_length"]),
-                        output_length=int(obj["output_length"]),
-                        hash_ids=tuple(int(h) for h in obj["hash_ids"]),
-                    )
-                )
-            except (ValueError, KeyError, TypeError) as exc:
+                rows.append(_mooncake_row(json.loads(line)))
+            except (ValueError, KeyError, TypeError, OverflowError) as exc:
                 raise ValueError(f"{path}:{line_no}: not a Mooncake trace row ({exc})") from None
             if max_rows and len(rows) >= max_rows:
                 break
     if not rows:
         raise ValueError(f"{path}: the trace has no rows")
     return rows
+
+
+def _mooncake_row(obj: Any) -> TraceRow:
+    """One row of a Mooncake trace from its JSON; ValueError, KeyError, TypeError or
+    OverflowError (an infinite length) when it is not one."""
+    timestamp_ms = float(obj["timestamp"])
+    if not math.isfinite(timestamp_ms):  # json reads Infinity and NaN; the run would hang
+        raise ValueError(f"timestamp {obj['timestamp']} is not a finite number")
+    return TraceRow(
+        timestamp_ms=timestamp_ms,
+        input_length=int(obj["input_length"]),
+        output_length=int(obj["output_length"]),
+        hash_ids=tuple(int(h) for h in obj["hash_ids"]),
+    )
 
 
 def read_azure_trace(path: str | Path, max_rows: int = 0) -> list[TraceRow]:
