@@ -134,3 +134,13 @@ def test_a_non_finite_value_names_the_line(tmp_path, row) -> None:
     path.write_text(HEADER + MINI + row + "\n")
     with pytest.raises(ValueError, match=r"inf\.csv:6: not an Azure trace row"):
         read_azure_trace(path)
+
+
+def test_a_byte_order_mark_is_read_and_bad_utf8_names_the_line(tmp_path) -> None:
+    # as Excel writes a CSV: the header's first column is still TIMESTAMP
+    path = tmp_path / "bom.csv"
+    path.write_bytes(b"\xef\xbb\xbf" + (HEADER + MINI).encode())
+    assert [r.input_length for r in read_azure_trace(path)] == [374, 1025, 512, 40]
+    path.write_bytes((HEADER + MINI).encode() + b"2023-11-16 18:15:52,\xff,3\n")
+    with pytest.raises(ValueError, match=r"bom\.csv:6: .*utf-8"):
+        read_azure_trace(path)

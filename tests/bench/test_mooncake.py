@@ -171,3 +171,14 @@ def test_a_non_finite_number_names_the_line(tmp_path, field, value):
     with pytest.raises(ValueError, match=r"inf\.jsonl:2: not a Mooncake trace row") as exc:
         read_mooncake_trace(path)
     assert field != "timestamp" or "timestamp" in str(exc.value)
+
+
+def test_a_byte_order_mark_is_read_and_bad_utf8_names_the_line(tmp_path):
+    text = "".join(json.dumps(r) + "\n" for r in MINI)
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    assert len(read_mooncake_trace(path)) == 4
+    lines = text.encode().splitlines(keepends=True)
+    path.write_bytes(lines[0] + lines[1].replace(b"0, 1", b"0, \xff1") + lines[2])
+    with pytest.raises(ValueError, match=r"bom\.jsonl:2: .*utf-8"):
+        read_mooncake_trace(path)

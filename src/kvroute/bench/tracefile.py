@@ -9,10 +9,11 @@ from __future__ import annotations
 import csv
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, BinaryIO
 
 from kvroute.bench.workloads.mooncake import MOONCAKE_BLOCK_TOKENS, TraceRow
 
@@ -27,7 +28,7 @@ def read_mooncake_trace(path: str | Path, max_rows: int = 0) -> list[TraceRow]:
     """Rows of a Mooncake JSONL trace; ``max_rows`` > 0 stops early. ValueError names the line."""
     rows: list[TraceRow] = []
     with _open_trace(path) as f:
-        for line_no, line in enumerate(f, 1):
+        for line_no, line in enumerate(_text_lines(f, path), 1):
             if not line.strip():
                 continue
             try:
@@ -66,7 +67,7 @@ def read_azure_trace(path: str | Path, max_rows: int = 0) -> list[TraceRow]:
     next_id = 0
     start: datetime | None = None
     with _open_trace(path) as f:
-        reader = csv.DictReader(f)
+        reader = csv.DictReader(_text_lines(f, path))
         missing = [c for c in AZURE_COLUMNS if c not in (reader.fieldnames or ())]
         if missing:
             raise ValueError(f"{path}: not an Azure trace (no column {', '.join(missing)})")
@@ -98,16 +99,28 @@ def read_azure_trace(path: str | Path, max_rows: int = 0) -> list[TraceRow]:
     return rows
 
 
-def _open_trace(path: str | Path) -> TextIO:
-    """The trace file for reading; ValueError (what the CLIs print) when it cannot be."""
+def _open_trace(path: str | Path) -> BinaryIO:
+    """The trace file for reading (bytes: ``_text_lines`` decodes them); ValueError (what
+    the CLIs print) when it cannot be."""
     try:
-        return open(path, encoding="utf-8", newline="")
+        return open(path, "rb")
     except OSError as exc:
         raise ValueError(
             f"cannot read the trace {path} ({exc.strerror or exc}): pass its path with"
             " --trace PATH (or --workload mooncake:PATH / azure:PATH); the default is"
             " ../shared/traces/ beside the repository"
         ) from None
+
+
+def _text_lines(f: BinaryIO, path: str | Path) -> Iterator[str]:
+    """The lines of ``f`` as UTF-8 text, line endings kept (what ``csv`` reads), a byte
+    order mark on the first dropped (Excel writes one); ValueError names a line that is
+    not UTF-8."""
+    for line_no, line in enumerate(f, 1):
+        try:
+            yield line.decode("utf-8-sig" if line_no == 1 else "utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{path}:{line_no}: not UTF-8 text ({exc})") from None
 
 
 def _seven_digit_fraction(stamp: str) -> str:
