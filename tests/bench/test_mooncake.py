@@ -182,3 +182,10 @@ def test_a_byte_order_mark_is_read_and_bad_utf8_names_the_line(tmp_path):
     path.write_bytes(lines[0] + lines[1].replace(b"0, 1", b"0, \xff1") + lines[2])
     with pytest.raises(ValueError, match=r"bom\.jsonl:2: .*utf-8"):
         read_mooncake_trace(path)
+
+
+def test_hash_ids_must_be_a_list(tmp_path):
+    path = tmp_path / "str.jsonl"
+    path.write_text(json.dumps(dict(MINI[0], hash_ids="123")) + "\n")
+    with pytest.raises(ValueError, match=r"str\.jsonl:1: .*hash_ids"):
+        read_mooncake_trace(path)

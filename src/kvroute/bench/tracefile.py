@@ -48,11 +48,14 @@ def _mooncake_row(obj: Any) -> TraceRow:
     timestamp_ms = float(obj["timestamp"])
     if not math.isfinite(timestamp_ms):  # json reads Infinity and NaN; the run would hang
         raise ValueError(f"timestamp {obj['timestamp']} is not a finite number")
+    hash_ids = obj["hash_ids"]
+    if not isinstance(hash_ids, list):  # a string would read as its digits
+        raise TypeError(f"hash_ids must be a list, not {type(hash_ids).__name__}")
     return TraceRow(
         timestamp_ms=timestamp_ms,
         input_length=int(obj["input_length"]),
         output_length=int(obj["output_length"]),
-        hash_ids=tuple(int(h) for h in obj["hash_ids"]),
+        hash_ids=tuple(int(h) for h in hash_ids),
     )
 
 
