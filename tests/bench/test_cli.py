@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from kvroute.cli import main
 
 DESIGN_KEYS = {
@@ -71,3 +73,34 @@ def test_bad_flags_exit_2_with_a_message(capsys):
     assert rc == 2 and "unknown workload" in capsys.readouterr().err
     rc = main(["bench", "--target", "http://x", "--workload", "gsp", "--speedup", "2"])
     assert rc == 2 and "mooncake" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan"])
+@pytest.mark.parametrize(
+    "flag",
+    ["--duration", "--timeout", "--think-time", "--speedup", "--input-scale", "--burstiness"],
+)
+def test_bench_refuses_a_non_finite_number(capsys, flag, value) -> None:
+    # an infinite duration or think time never ends; nan compares false with everything
+    args = ["bench", "--target", "http://127.0.0.1:9", "--workload", "mooncake", "--quiet"]
+    with pytest.raises(SystemExit) as exc:
+        main([*args, f"{flag}={value}"])
+    assert exc.value.code == 2
+    assert f"argument {flag}: must be a finite number" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--duration", "inf"),
+        ("--duration", "nan"),
+        ("--think-time", "1,inf"),
+        ("--speedup", "inf"),
+        ("--startup-timeout", "nan"),
+    ],
+)
+def test_compare_refuses_a_non_finite_number(capsys, flag, value) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["compare", "--workload", "gsp", f"{flag}={value}"])
+    assert exc.value.code == 2
+    assert f"argument {flag}: must be a finite number" in capsys.readouterr().err

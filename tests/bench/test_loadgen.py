@@ -114,3 +114,17 @@ async def test_multiturn_turns_wait_for_the_previous_answer(fake):
             assert cur.start_s >= prev.start_s + prev.e2e_s
     chat = [b for b in state.bodies if "messages" in b]
     assert len(chat) == 12
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"duration_s": float("inf")},
+        {"think_time_s": (1.0, float("inf"))},
+        {"request_timeout_s": float("inf")},
+        {"request_timeout_s": float("nan")},
+    ],
+)
+def test_load_times_must_be_finite(fields):
+    with pytest.raises(ValueError, match="finite"):
+        LoadConfig(mode="closed", **fields)

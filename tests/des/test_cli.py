@@ -84,3 +84,23 @@ def test_backend_urls_name_the_backends_and_must_match_their_number(tmp_path, ca
     assert {row["backend"] for row in rows} <= {"http://a:1", "http://b:2"}
     assert main([*args, "--backend-urls", "http://a:1"]) == 2
     assert "--backend-urls names 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "flag",
+    [
+        "--duration",
+        "--think-time",
+        "--kv-event-delay-ms",
+        "--request-overhead-ms",
+        "--slo-ttft-p99",
+        "--gpu-cost-per-hour",
+    ],
+)
+def test_a_non_finite_number_is_a_usage_error(capsys, flag) -> None:
+    # --duration inf and --request-overhead-ms inf ran forever; nan gave nan times
+    for value in ("inf", "nan"):
+        with pytest.raises(SystemExit) as exc:
+            main(["simulate", "--workload", "gsp", "--quiet", "--no-plots", f"{flag}={value}"])
+        assert exc.value.code == 2
+        assert f"argument {flag}: must be a finite number" in capsys.readouterr().err

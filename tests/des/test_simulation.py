@@ -292,3 +292,10 @@ def test_long_prompts_the_first_estimate_puts_over_the_context_still_go_home() -
     assert len({r.backend for r in longest}) == 1
     assert [r.decision for r in longest].count("cold") == 1
     assert all(r.cached_tokens for r in longest[1:])
+
+
+@pytest.mark.parametrize("value", [math.inf, math.nan, -1.0])
+def test_timing_latencies_are_finite_and_not_negative(value) -> None:
+    for fields in ({"request_overhead_s": value}, {"kv_event_delay_s": value}):
+        with pytest.raises(ValueError, match="finite"):
+            Timing(**fields)

@@ -21,7 +21,7 @@ from typing import Any
 import aiohttp
 
 from kvroute.bench.cli_args import check_out_dir, make_out_dir
-from kvroute.bench.compare_cli import in_flags, parse_pair
+from kvroute.bench.compare_cli import finite, in_flags, parse_pair
 from kvroute.bench.load import LoadConfig, default_load
 from kvroute.bench.progress import rich_progress
 from kvroute.bench.report import format_failures, format_summary, write_outputs
@@ -69,18 +69,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="override a workload parameter, e.g. num_groups=8 (repeatable)",
     )
     p.add_argument("--trace", help="trace file for plain 'mooncake' or 'azure'")
-    p.add_argument("--speedup", type=float, help="trace replays: divide arrival times")
+    p.add_argument("--speedup", type=finite, help="trace replays: divide arrival times")
     p.add_argument("--max-requests", type=int, help="trace replays: replay the first N rows")
-    p.add_argument("--input-scale", type=float, help="trace replays: scale prompt lengths")
+    p.add_argument("--input-scale", type=finite, help="trace replays: scale prompt lengths")
     p.add_argument("--output-cap", type=int, help="trace replays: cap max_tokens")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--concurrency", type=int, help="closed loop with N users")
     mode.add_argument("--rate", type=_rates, help="open loop, req/s ('inf'; '3,10,20' = ladder)")
     p.add_argument("--think-time", type=parse_pair, help="closed loop think time A,B seconds")
-    p.add_argument("--burstiness", type=float, default=1.0, help="open loop Gamma shape")
+    p.add_argument("--burstiness", type=finite, default=1.0, help="open loop Gamma shape")
     p.add_argument("--max-concurrency", type=int, help="cap on requests in flight (open loop)")
     bound = p.add_mutually_exclusive_group()
-    bound.add_argument("--duration", type=float, help="seconds of sending")
+    bound.add_argument("--duration", type=finite, help="seconds of sending")
     bound.add_argument("--num-requests", type=int, help="measured requests")
     p.add_argument("--num-warmup", type=int, default=0, help="requests left out of the metrics")
     p.add_argument(
@@ -101,7 +101,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="non-streaming requests (the openai SDK's default); TTFT = whole response",
     )
-    p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout, seconds")
+    p.add_argument("--timeout", type=finite, default=600.0, help="per-request timeout, seconds")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=main)
     return p

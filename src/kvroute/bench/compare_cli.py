@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import re
 import sys
 from pathlib import Path
@@ -76,10 +77,22 @@ def in_flags(message: str) -> str:
     return _CONFIG_FIELD.sub(lambda m: FIELD_FLAGS.get(m[1], m[0]), message)
 
 
+def finite(text: str) -> float:
+    """A float option's value; inf and nan are refused (argparse says so, exit 2): an
+    infinite duration, delay or think time never ends, and nan compares false."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, not {text!r}")
+    return value
+
+
 def parse_pair(text: str) -> tuple[float, float]:
-    """``A,B`` (or ``A``) as two floats."""
+    """``A,B`` (or ``A``) as two finite floats."""
     lo, _, hi = text.partition(",")
-    return float(lo), float(hi or lo)
+    return finite(lo), finite(hi or lo)
 
 
 def parse_list(text: str) -> tuple[str, ...]:
@@ -118,7 +131,7 @@ def add_fleet_and_load_options(
     )
     p.add_argument("--think-time", type=parse_pair, help="closed loop think time A,B (engine s)")
     bound = p.add_mutually_exclusive_group()
-    bound.add_argument("--duration", type=float, help=duration_help)
+    bound.add_argument("--duration", type=finite, help=duration_help)
     bound.add_argument("--num-requests", type=int, help="measured requests per router")
     p.add_argument("--num-warmup", type=int, help="requests left out of the metrics")
     p.add_argument("--out", help=out_help)
@@ -131,7 +144,7 @@ def add_run_options(p: argparse.ArgumentParser, *, out_help: str) -> None:
     add_fleet_and_load_options(
         p, out_help=out_help, duration_help="wall seconds of measured sending"
     )
-    p.add_argument("--speedup", type=float, help="engines run X times faster than real time")
+    p.add_argument("--speedup", type=finite, help="engines run X times faster than real time")
     p.add_argument(
         "--no-stream",
         action="store_true",
@@ -140,7 +153,7 @@ def add_run_options(p: argparse.ArgumentParser, *, out_help: str) -> None:
     p.add_argument(
         "--sim-arg", action="append", default=[], metavar="ARG", help="extra `kvroute sim` arg"
     )
-    p.add_argument("--startup-timeout", type=float, default=60.0, help="seconds per process")
+    p.add_argument("--startup-timeout", type=finite, default=60.0, help="seconds per process")
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:

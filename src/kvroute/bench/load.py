@@ -52,8 +52,8 @@ class LoadConfig:
         if self.num_users < 1:
             raise ValueError("LoadConfig.num_users must be >= 1")
         lo, hi = self.think_time_s
-        if not 0 <= lo <= hi:
-            raise ValueError("LoadConfig.think_time_s must be 0 <= a <= b")
+        if not 0 <= lo <= hi < math.inf:
+            raise ValueError("LoadConfig.think_time_s must be 0 <= a <= b, finite")
         if not self.rates or any(not r > 0 for r in self.rates):
             raise ValueError("LoadConfig.rates must be values > 0")
         if not self.burstiness > 0:
@@ -62,12 +62,12 @@ class LoadConfig:
             raise ValueError("LoadConfig.max_concurrency must be >= 1")
         if self.num_requests is not None and self.num_requests < 0:
             raise ValueError("LoadConfig.num_requests must be >= 0")
-        if self.duration_s is not None and not self.duration_s > 0:
-            raise ValueError("LoadConfig.duration_s must be > 0")
+        if self.duration_s is not None and not 0 < self.duration_s < math.inf:
+            raise ValueError("LoadConfig.duration_s must be > 0 and finite")
         if self.num_warmup < 0:
             raise ValueError("LoadConfig.num_warmup must be >= 0")
-        if not self.request_timeout_s > 0:
-            raise ValueError("LoadConfig.request_timeout_s must be > 0")
+        if not 0 < self.request_timeout_s < math.inf:
+            raise ValueError("LoadConfig.request_timeout_s must be > 0 and finite")
         unbounded = self.num_requests is None and self.duration_s is None
         if self.mode == "open" and len(self.rates) > 1 and unbounded:
             raise ValueError("a rate ladder needs num_requests or duration_s")

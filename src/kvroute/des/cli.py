@@ -46,6 +46,7 @@ from kvroute.bench.compare_cli import (
     add_fleet_and_load_options,
     config_from_args,
     default_out,
+    finite,
     in_flags,
     parse_list,
     report,
@@ -99,14 +100,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--kv-event-delay-ms",
-        type=float,
+        type=finite,
         default=DEFAULT_KV_EVENT_DELAY_S * 1000.0,
         help="exact mode: a step's KV events reach the router this long after it ends "
         f"(default {DEFAULT_KV_EVENT_DELAY_S * 1000.0:g})",
     )
     p.add_argument(
         "--request-overhead-ms",
-        type=float,
+        type=finite,
         default=DEFAULT_REQUEST_OVERHEAD_S * 1000.0,
         help="the proxy's added latency per request "
         f"(default {DEFAULT_REQUEST_OVERHEAD_S * 1000.0:g})",
@@ -134,9 +135,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="find each router's smallest fleet meeting --slo-ttft-p99 (--backends ignored)",
     )
-    plan.add_argument("--slo-ttft-p99", type=float, metavar="SECONDS", help="P99 TTFT objective")
+    plan.add_argument("--slo-ttft-p99", type=finite, metavar="SECONDS", help="P99 TTFT objective")
     plan.add_argument(
-        "--gpu-cost-per-hour", type=float, metavar="DOLLARS", help="price of one GPU-hour"
+        "--gpu-cost-per-hour", type=finite, metavar="DOLLARS", help="price of one GPU-hour"
     )
     plan.add_argument(
         "--min-backends", type=int, default=1, help="smallest fleet tried (default 1)"

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import math
 import time
 from array import array
 from collections.abc import Iterator, Sequence
@@ -66,8 +67,9 @@ class Timing:
     kv_event_delay_s: float = DEFAULT_KV_EVENT_DELAY_S
 
     def __post_init__(self) -> None:
-        if self.request_overhead_s < 0 or self.kv_event_delay_s < 0:
-            raise ValueError("Timing: latencies must be >= 0")
+        latencies = (self.request_overhead_s, self.kv_event_delay_s)
+        if not all(0 <= s < math.inf for s in latencies):
+            raise ValueError("Timing: latencies must be >= 0 and finite")
 
 
 @dataclass(slots=True)
