@@ -104,3 +104,22 @@ def test_compare_refuses_a_non_finite_number(capsys, flag, value) -> None:
         main(["compare", "--workload", "gsp", f"{flag}={value}"])
     assert exc.value.code == 2
     assert f"argument {flag}: must be a finite number" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["bench", "compare", "simulate"])
+@pytest.mark.parametrize("workload", ["gsp", "mooncake:{trace}"])
+def test_trace_with_a_workload_that_does_not_read_it_is_an_error(
+    tmp_path, capsys, command, workload
+) -> None:
+    # it was ignored: the run replayed the synthetic workload, or the other trace
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [0]}\n')
+    args = [command, "--workload", workload.format(trace=trace), "--trace", str(trace)]
+    args += ["--num-requests", "1", "--quiet", "--out", str(tmp_path / "out")]
+    if command == "bench":
+        args += ["--target", "http://127.0.0.1:9"]
+    else:
+        args += ["--backends", "1", "--routers", "round_robin", "--no-plots"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert f"kvroute {command}: --trace" in err and "plain mooncake or azure" in err

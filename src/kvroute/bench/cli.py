@@ -21,7 +21,7 @@ from typing import Any
 import aiohttp
 
 from kvroute.bench.cli_args import check_out_dir, make_out_dir
-from kvroute.bench.compare_cli import finite, in_flags, parse_pair
+from kvroute.bench.compare_cli import check_trace_option, finite, in_flags, parse_pair
 from kvroute.bench.load import LoadConfig, default_load
 from kvroute.bench.progress import rich_progress
 from kvroute.bench.report import format_failures, format_summary, write_outputs
@@ -111,6 +111,7 @@ def build_workload(args: argparse.Namespace) -> Workload:
     overrides = dict(kv.split("=", 1) for kv in args.workload_arg if "=" in kv)
     if len(overrides) != len(args.workload_arg):
         raise ValueError("--workload-arg takes KEY=VALUE")
+    check_trace_option(args.workload, args.trace)
     for flag, param in _TRACE_FLAGS.items():
         value = getattr(args, flag)
         if value is not None:

@@ -50,7 +50,7 @@ from kvroute.bench.compare_report import (
     write_compare,
 )
 from kvroute.bench.decisions import DEFAULT_WINDOWS
-from kvroute.bench.workloads import WORKLOAD_NAMES
+from kvroute.bench.workloads import TRACE_FORMATS, WORKLOAD_NAMES, is_trace_replay
 
 # config fields -> the flags that set them (CompareConfig, LoadConfig), for messages
 FIELD_FLAGS = {
@@ -93,6 +93,16 @@ def parse_pair(text: str) -> tuple[float, float]:
     """``A,B`` (or ``A``) as two finite floats."""
     lo, _, hi = text.partition(",")
     return finite(lo), finite(hi or lo)
+
+
+def check_trace_option(workload: str, trace: str | None) -> None:
+    """ValueError when ``--trace`` is given to a workload that would not read it."""
+    if trace is not None and workload not in TRACE_FORMATS:
+        reads = "names its own trace" if is_trace_replay(workload) else "reads no trace"
+        raise ValueError(
+            f"--trace is for plain {' or '.join(TRACE_FORMATS)} (the trace file they replay);"
+            f" --workload {workload} {reads}"
+        )
 
 
 def parse_list(text: str) -> tuple[str, ...]:
@@ -195,6 +205,7 @@ def config_from_args(args: argparse.Namespace, out: Path) -> CompareConfig:
     overrides = dict(kv.split("=", 1) for kv in args.workload_arg if "=" in kv)
     if len(overrides) != len(args.workload_arg):
         raise ValueError("--workload-arg takes KEY=VALUE")
+    check_trace_option(args.workload, getattr(args, "trace", None))
     load: dict[str, Any] = {}
     if args.concurrency is not None:
         load.update(mode="closed", num_users=args.concurrency)

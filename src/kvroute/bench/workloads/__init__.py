@@ -93,6 +93,7 @@ def tile_count(text: str) -> int:
 
 __all__ = [
     "SYNTHETIC",
+    "TRACE_FORMATS",
     "WORKLOAD_NAMES",
     "MooncakeReplay",
     "TraceRow",
