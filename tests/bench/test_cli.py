@@ -123,3 +123,26 @@ def test_trace_with_a_workload_that_does_not_read_it_is_an_error(
     assert main(args) == 2
     err = capsys.readouterr().err
     assert f"kvroute {command}: --trace" in err and "plain mooncake or azure" in err
+
+
+@pytest.mark.parametrize("command", ["bench", "compare", "simulate"])
+def test_num_requests_must_be_at_least_one(capsys, command) -> None:
+    # --num-requests 0 ran nothing and exited 1 without a word
+    args = [command, "--workload", "gsp", "--num-requests", "0", "--quiet"]
+    if command == "bench":
+        args += ["--target", "http://127.0.0.1:9"]
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    assert exc.value.code == 2
+    assert "argument --num-requests: must be >= 1" in capsys.readouterr().err
+
+
+def test_bench_says_when_no_request_was_measured(fake_in_thread, tmp_path, capsys) -> None:
+    # the warm-up takes every row of the trace: nothing is left to measure
+    url, _state = fake_in_thread
+    trace = tmp_path / "two.jsonl"
+    row = '{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [0]}\n'
+    trace.write_text(row * 2)
+    args = ["bench", "--target", url, "--workload", f"mooncake:{trace}", "--quiet"]
+    assert main([*args, "--num-warmup", "2"]) == 1
+    assert "kvroute bench: no request was measured" in capsys.readouterr().err

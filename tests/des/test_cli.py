@@ -104,3 +104,14 @@ def test_a_non_finite_number_is_a_usage_error(capsys, flag) -> None:
             main(["simulate", "--workload", "gsp", "--quiet", "--no-plots", f"{flag}={value}"])
         assert exc.value.code == 2
         assert f"argument {flag}: must be a finite number" in capsys.readouterr().err
+
+
+def test_a_run_that_measures_no_request_says_so(tmp_path, capsys) -> None:
+    # the warm-up takes every row of the trace: the table was all n/a, exit 1, no word why
+    trace = tmp_path / "two.jsonl"
+    row = '{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [0]}\n'
+    trace.write_text(row * 2)
+    args = ["simulate", "--workload", f"mooncake:{trace}", "--backends", "1", "--num-warmup", "2"]
+    args += ["--routers", "round_robin", "--out", str(tmp_path / "run"), "--quiet", "--no-plots"]
+    assert main(args) == 1
+    assert "kvroute simulate: round_robin: no request was measured" in capsys.readouterr().err

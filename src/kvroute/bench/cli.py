@@ -21,10 +21,21 @@ from typing import Any
 import aiohttp
 
 from kvroute.bench.cli_args import check_out_dir, make_out_dir
-from kvroute.bench.compare_cli import check_trace_option, finite, in_flags, parse_pair
+from kvroute.bench.compare_cli import (
+    at_least_one,
+    check_trace_option,
+    finite,
+    in_flags,
+    parse_pair,
+)
 from kvroute.bench.load import LoadConfig, default_load
 from kvroute.bench.progress import rich_progress
-from kvroute.bench.report import format_failures, format_summary, write_outputs
+from kvroute.bench.report import (
+    format_failures,
+    format_summary,
+    nothing_measured,
+    write_outputs,
+)
 from kvroute.bench.runner import (
     BenchResult,
     check_backend_metrics,
@@ -81,7 +92,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--max-concurrency", type=int, help="cap on requests in flight (open loop)")
     bound = p.add_mutually_exclusive_group()
     bound.add_argument("--duration", type=finite, help="seconds of sending")
-    bound.add_argument("--num-requests", type=int, help="measured requests")
+    bound.add_argument("--num-requests", type=at_least_one, help="measured requests")
     p.add_argument("--num-warmup", type=int, default=0, help="requests left out of the metrics")
     p.add_argument(
         "--backend-metrics",
@@ -184,4 +195,6 @@ def main(args: argparse.Namespace) -> int:
     if args.out:
         paths = write_outputs(bench, args.out, plots=not args.no_plots)
         print("wrote " + ", ".join(str(p) for p in paths.values()))
+    if why := nothing_measured(bench):
+        print(f"kvroute bench: {why}", file=sys.stderr)
     return 0 if bench.result["completed"] > 0 else 1

@@ -50,6 +50,7 @@ from kvroute.bench.compare_report import (
     write_compare,
 )
 from kvroute.bench.decisions import DEFAULT_WINDOWS
+from kvroute.bench.report import nothing_measured
 from kvroute.bench.workloads import TRACE_FORMATS, WORKLOAD_NAMES, is_trace_replay
 
 # config fields -> the flags that set them (CompareConfig, LoadConfig), for messages
@@ -86,6 +87,17 @@ def finite(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"must be a finite number, not {text!r}")
+    return value
+
+
+def at_least_one(text: str) -> int:
+    """A count option's value, >= 1 (argparse says so otherwise, exit 2)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, not {text!r}")
     return value
 
 
@@ -142,7 +154,7 @@ def add_fleet_and_load_options(
     p.add_argument("--think-time", type=parse_pair, help="closed loop think time A,B (engine s)")
     bound = p.add_mutually_exclusive_group()
     bound.add_argument("--duration", type=finite, help=duration_help)
-    bound.add_argument("--num-requests", type=int, help="measured requests per router")
+    bound.add_argument("--num-requests", type=at_least_one, help="measured requests per router")
     p.add_argument("--num-warmup", type=int, help="requests left out of the metrics")
     p.add_argument("--out", help=out_help)
     p.add_argument("--no-plots", action="store_true")
@@ -260,19 +272,29 @@ def run_and_report(args: argparse.Namespace, out: Path, command: str) -> int:
     except ValueError as exc:  # a bad workload name or parameter, found before any run
         print(f"kvroute {command}: {in_flags(str(exc))}", file=sys.stderr)
         return 2
-    return report(outcomes, out, plots=not args.no_plots, analysis=command == "compare")
+    analysis = command == "compare"
+    return report(outcomes, out, plots=not args.no_plots, analysis=analysis, command=command)
 
 
 def report(
-    outcomes: dict[str, RouterOutcome], out: Path, *, plots: bool, analysis: bool = False
+    outcomes: dict[str, RouterOutcome],
+    out: Path,
+    *,
+    plots: bool,
+    analysis: bool = False,
+    command: str = "compare",
 ) -> int:
-    """Print the table (and with ``analysis`` the decision analysis), write the outputs."""
+    """Print the table (and with ``analysis`` the decision analysis), write the outputs;
+    say on stderr which routers measured no request."""
     print()
     print(format_table(outcomes, header_for(outcomes)))
     if analysis and (text := format_analyses(outcomes)):
         print(f"\n{text}")
     paths = write_compare(outcomes, out, plots=plots)
     print(f"\nwrote {out}/: " + ", ".join(str(p.relative_to(out)) for p in paths.values()))
+    for name, o in outcomes.items():
+        if o.bench is not None and (why := nothing_measured(o.bench)):
+            print(f"kvroute {command}: {name}: {why}", file=sys.stderr)
     ran = [o for o in outcomes.values() if o.skipped is None]
     ok = all(o.bench is not None and o.bench.result["completed"] > 0 for o in ran)
     return 0 if ran and ok else 1

@@ -77,6 +77,19 @@ def format_summary(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def nothing_measured(bench: BenchResult) -> str | None:
+    """Why a run measured no request (its table is all n/a), or None when it measured one."""
+    if bench.result["completed"] or bench.result["failed"]:
+        return None
+    warmup = sum(r.warmup for r in bench.records)
+    if warmup:
+        return (
+            f"no request was measured: the {warmup} warm-up requests (--num-warmup) were all"
+            " the workload and the run's bound let it send"
+        )
+    return "no request was measured: the run sent none (see --duration and the workload)"
+
+
 def _fmt(value: float | None, spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
 

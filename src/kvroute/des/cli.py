@@ -203,7 +203,7 @@ def main(args: argparse.Namespace) -> int:
                 extra_config={"seed": config.seed, "router_config": config.router_config},
             )
         outcome.bench, speeds[name] = bench, speed
-    code = report(outcomes, out, plots=not args.no_plots, analysis=True)
+    code = report(outcomes, out, plots=not args.no_plots, analysis=True, command="simulate")
     if not args.no_ceilings and (text := format_ceilings(outcomes)):
         print(f"\n{text}")
         with (out / "compare.txt").open("a") as f:
