@@ -60,3 +60,20 @@ def test_sim_on_a_port_in_use_is_one_line_and_exit_2(
 def test_an_unknown_profile_is_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["sim", "--profile", "nope", "--port-base", "0"]) == 2
     assert capsys.readouterr().err.startswith("kvroute sim: unknown engine profile 'nope'")
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (["--port-base", "65534", "--backends", "3"], "--port-base 65534 with 3 backends"),
+        (["--kv-events", "--kv-port-base", "65535", "--backends", "2"], "--kv-port-base 65535"),
+        (["--port-base", "-5"], "--port-base -5"),
+    ],
+)
+def test_ports_past_65535_are_refused(
+    flags: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The third engine of ``--port-base 65534 --backends 3`` went to a random port."""
+    assert main(["sim", "--profile", "tiny", *flags]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "choose a base from 1 to" in err

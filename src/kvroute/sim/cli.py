@@ -89,6 +89,17 @@ def run(args: argparse.Namespace) -> int:
         faults = faults_by_backend(args.fault, args.backends)
         if args.backends < 1:
             raise ValueError("--backends must be >= 1")
+        for flag, base in (
+            ("--port-base", args.port_base),
+            ("--kv-port-base", args.kv_port_base if args.kv_events else 0),
+            ("--kv-replay-port-base", args.kv_replay_port_base if args.kv_replay else 0),
+        ):
+            last = base + args.backends - 1
+            if base and not 0 < base <= last <= 65535:  # 0: free ports
+                raise ValueError(
+                    f"{flag} {base} with {args.backends} backends needs ports {base}-{last}: "
+                    "choose a base from 1 to " + str(65536 - args.backends)
+                )
     except ValueError as exc:
         print(f"kvroute sim: {exc}", file=sys.stderr)
         return 2
