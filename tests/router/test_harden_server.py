@@ -241,3 +241,33 @@ async def test_requests_the_parser_refuses_get_an_openai_error_and_one_log_line(
         served = await read_response(reader)
         assert served.startswith(b"HTTP/1.1 200") and b"Server: kvroute" in served
         writer.close()
+
+
+@pytest.mark.parametrize(
+    ("raw", "said"),
+    [
+        (b"GET /health HTTP/1.1\r\nHost: r\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n", b"longer"),
+        (b"GET /" + b"u" * 9000 + b" HTTP/1.1\r\nHost: r\r\n\r\n", b"longer"),
+        (
+            b"GET /health HTTP/1.1\r\nHost: r\r\n"
+            + b"".join(b"X-%d: v\r\n" % i for i in range(200))
+            + b"\r\n",
+            b"too many header fields",
+        ),
+    ],
+    ids=["long-header", "long-request-line", "many-headers"],
+)
+async def test_oversized_headers_get_431_without_their_bytes_echoed(
+    harness: Harness, raw: bytes, said: bytes
+) -> None:
+    """They were a 400 whose message quoted the first 100 bytes the client sent."""
+    b = await harness.backend("b")
+    async with serving([b.url]) as ls:
+        reader, writer = await connect(ls)
+        writer.write(raw)
+        data = await until_closed(reader)
+        writer.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.split(b" ", 2)[1] == b"431", data[:200]
+    assert said in body and b"aaaa" not in body and b"uuuu" not in body
+    assert b'"code":"header_fields_too_large"' in body

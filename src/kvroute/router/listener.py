@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from aiohttp import web
-from aiohttp.http_exceptions import ContentEncodingError
+from aiohttp.http_exceptions import ContentEncodingError, LineTooLong
 from aiohttp.web_protocol import RequestHandler
 
 from kvroute.router import admin
@@ -67,6 +67,20 @@ class ApiRequestHandler(RequestHandler):
             # asks to install) or that does not inflate: the client's, said as such
             err = encoding_error(reason)
             status, body = err.status, error_bytes(err.message, err.error_type, err.code)
+        elif isinstance(exc, LineTooLong) or reason == "Too many headers received":
+            # RFC 6585's status, without echoing the client's bytes back
+            limit = exc.args[1] if isinstance(exc, LineTooLong) else None
+            status = 431
+            body = error_bytes(
+                "request header fields too large: "
+                + (
+                    f"a header line or the request line is longer than {limit} bytes"
+                    if limit is not None
+                    else "too many header fields"
+                ),
+                "invalid_request_error",
+                "header_fields_too_large",
+            )
         else:
             body = error_bytes(
                 f"malformed HTTP request: {reason.splitlines()[0] if reason else status}",
