@@ -128,3 +128,32 @@ async def test_multiturn_turns_wait_for_the_previous_answer(fake):
 def test_load_times_must_be_finite(fields):
     with pytest.raises(ValueError, match="finite"):
         LoadConfig(mode="closed", **fields)
+
+
+async def test_a_target_that_answers_nothing_ends_the_run_early(monkeypatch):
+    """A dead port was hammered for the whole duration (thousands of failures a second)."""
+    import socket
+
+    from kvroute.bench import loadgen
+
+    monkeypatch.setattr(loadgen, "STOP_SILENT_S", 0.2)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    load = LoadConfig(mode="closed", num_users=4, duration_s=600.0, num_warmup=0)
+    bench = await run_benchmark(dead, small(), load)
+    stopped = bench["stopped_early"]
+    assert stopped is not None and stopped.startswith("stopped early: the target answered")
+    assert bench["completed"] == 0 and bench["failed"] >= loadgen.STOP_UNANSWERED
+    assert "ClientConnectorError" in stopped  # the last failure says why
+
+
+async def test_a_target_that_answers_errors_is_not_stopped(fake, monkeypatch):
+    from kvroute.bench import loadgen
+
+    monkeypatch.setattr(loadgen, "STOP_SILENT_S", 0.0)
+    url, state = fake
+    state.fail_every = 1  # every request 503: an answer, not silence
+    load = LoadConfig(mode="closed", num_users=2, num_requests=80, num_warmup=0)
+    bench = await run_benchmark(url, small(), load)
+    assert bench["failed"] == 80 and bench["stopped_early"] is None

@@ -197,4 +197,6 @@ def main(args: argparse.Namespace) -> int:
         print("wrote " + ", ".join(str(p) for p in paths.values()))
     if why := nothing_measured(bench):
         print(f"kvroute bench: {why}", file=sys.stderr)
+    if stopped := bench.result.get("stopped_early"):
+        print(f"kvroute bench: {stopped}", file=sys.stderr)
     return 0 if bench.result["completed"] > 0 else 1

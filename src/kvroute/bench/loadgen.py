@@ -173,6 +173,14 @@ async def _read_stream(resp: aiohttp.ClientResponse, m: _Measure, itl: list[floa
         m.on_payload(payload, time.perf_counter(), itl)
 
 
+# A run stops early when the target has answered nothing (no HTTP status at all) for
+# STOP_SILENT_S while at least STOP_UNANSWERED requests failed: a dead process or a wrong
+# port would otherwise be hammered for the whole run. A restart of a few seconds, or a
+# slow engine whose requests are still in flight, is not that.
+STOP_SILENT_S = 10.0
+STOP_UNANSWERED = 50
+
+
 class LoadGenerator:
     """Offers one workload to one target under one ``LoadConfig``; collects the records."""
 
@@ -197,6 +205,10 @@ class LoadGenerator:
         self._issued = self._scheduled = self._completed = self._failed = 0
         self._t0 = 0.0
         self._deadline: float | None = None
+        # a target gone for good (its process died, a wrong port) ends the run early
+        self._last_answer = 0.0  # perf_counter of the last request the target answered
+        self._unanswered = 0  # requests failed without any HTTP answer since then
+        self.stopped: str | None = None  # why the run ended early, if it did
 
     async def warmup(self) -> None:
         """Send ``num_warmup`` requests (whole sessions) before the measured run."""
@@ -213,7 +225,7 @@ class LoadGenerator:
 
     async def run(self) -> float:
         """The measured run; returns its duration (first send to last response end)."""
-        self._t0 = time.perf_counter()
+        self._t0 = self._last_answer = time.perf_counter()
         if self._load.duration_s is not None:
             self._deadline = self._t0 + self._load.duration_s
         if self._load.mode == "closed":
@@ -223,6 +235,8 @@ class LoadGenerator:
         return time.perf_counter() - self._t0
 
     def _may_issue(self) -> bool:
+        if self.stopped is not None:
+            return False
         bound = self._load.num_requests
         if bound is not None and self._issued >= bound:
             return False
@@ -279,6 +293,17 @@ class LoadGenerator:
         self.records.append(record)
         self._completed += record.ok
         self._failed += not record.ok
+        now = time.perf_counter()
+        if record.status is not None:
+            self._last_answer, self._unanswered = now, 0
+        else:
+            self._unanswered += 1
+            silent_s = now - self._last_answer
+            if self._unanswered >= STOP_UNANSWERED and silent_s >= STOP_SILENT_S:
+                self.stopped = (
+                    f"stopped early: the target answered nothing for {silent_s:.0f} s "
+                    f"({self._unanswered} requests failed meanwhile; last: {record.error})"
+                )
         if self._progress is not None:
             self._progress(
                 Progress(

@@ -234,6 +234,7 @@ async def run_benchmark(
     # Over the requests this run sent; a trace's own ceiling stays under "workload".
     result["cache_ceiling_hit_rate"] = run_ceiling(gen.records, sent.specs, block_size)
     result["cache_ceiling_block_size"] = block_size
+    result["stopped_early"] = gen.stopped
     result.update(
         workload=described,
         router=router,
