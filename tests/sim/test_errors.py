@@ -59,8 +59,7 @@ async def test_bad_request_gets_vllm_error(fleet, session, name, path, raw, stat
     async with session.post(url + path, data=raw,
                             headers={"Content-Type": "application/json"}) as resp:  # fmt: skip
         assert resp.status == status
-        body = await resp.json()
-    assert body["object"] == "error"
+        body = (await resp.json())["error"]  # vLLM's envelope, as OpenAI's
     assert body["type"] == ("NotFoundError" if status == 404 else "BadRequestError")
     assert body["code"] == status and body["param"] == param
     assert isinstance(body["message"], str) and body["message"]

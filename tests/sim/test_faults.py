@@ -27,7 +27,7 @@ async def test_error_fault_fails_completions_with_that_status(fleet, session, st
     assert code == 200 and faults["error_status"] == status
     for path in ("/v1/completions", "/v1/chat/completions"):
         code, body = await post(session, a + path, BODY)
-        assert code == status and body["object"] == "error" and body["code"] == status
+        assert code == status and body["error"]["code"] == status
     assert (await post(session, b + "/v1/completions", BODY))[0] == 200  # per backend
     async with session.get(a + "/health") as resp:
         assert resp.status == 200
@@ -98,7 +98,7 @@ async def test_drop_fault_closes_the_connection_after_k_chunks(fleet, session, s
 )
 async def test_bad_fault_changes_are_refused_and_change_nothing(fleet, session, changes):
     code, body = await _set(session, fleet.urls[0], changes)
-    assert code == 400 and body["object"] == "error"
+    assert code == 400 and body["error"]["type"] == "BadRequestError"
     async with session.get(fleet.urls[0] + "/sim/faults") as resp:
         assert await resp.json() == Faults().to_json()
 

@@ -36,12 +36,15 @@ class ApiError(Exception):
         self.param = param
 
     def body(self) -> dict[str, Any]:
+        # vLLM's ErrorResponse: OpenAI's envelope, ``code`` the HTTP status as a number
+        # (before 2025 vLLM answered the same fields flat, with "object": "error")
         return {
-            "object": "error",
-            "message": self.message,
-            "type": self.type,
-            "param": self.param,
-            "code": self.status,
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.status,
+            }
         }
 
 
