@@ -55,6 +55,8 @@ def test_yaml_and_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
         ("limits: {max_attempts: 0}", "limits.max_attempts"),
         ("backends: [ftp://x]", "backends[0].url"),
         ("backends: [{url: 'http://a', weight: 0}]", "backends[0].weight"),
+        ("backends: [{url: 'http://a', weight: 1000000}]", "backends[0].weight"),
+        ("policies: {consistent_hash: {virtual_nodes: 3000000}}", "policies.consistent_hash"),
         ("backends: [http://a, http://a/]", "backends"),
         ("timeout: {}", "timeout"),
         ("limits: {max_body: 1}", "limits"),

@@ -66,7 +66,9 @@ class BackendConfig:
 
     url: str  # http(s)://host:port, no trailing slash
     api_key: str | None = None  # sent upstream as "Authorization: Bearer ..."
-    weight: float = param(1.0, gt=0)  # relative capacity, passed to Fleet.add_backend
+    # relative capacity, passed to Fleet.add_backend; at most 100x another replica (a
+    # consistent-hash ring holds virtual_nodes x weight points of it)
+    weight: float = param(1.0, gt=0, le=100)
     kv_events: str | None = None  # its KV-event PUB endpoint (vLLM --kv-events-config)
     kv_replay: str | None = None  # its replay ROUTER endpoint (fills gaps, syncs late start)
     # what clients see instead of the URL when expose_backend_urls is off (1-64 of

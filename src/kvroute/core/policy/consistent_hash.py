@@ -28,7 +28,8 @@ class ConsistentHashParams:
     SECTION: ClassVar[str] = "consistent_hash"
 
     epsilon: float = param(0.25, ge=0)  # load bound: (1 + epsilon) x the fleet mean
-    virtual_nodes: int = param(64, ge=1)  # ring points per backend of weight 1
+    # ring points per backend of weight 1 (bounded: the ring is rebuilt on the request path)
+    virtual_nodes: int = param(64, ge=1, le=1024)
 
     def __post_init__(self) -> None:
         check_ranges(self, self.SECTION)
