@@ -171,3 +171,36 @@ async def test_unhealthy_backend_detected_by_probe(harness: Harness) -> None:
     assert (await client.get("/health")).status == 503
     r = await client.post("/v1/completions", data=BODY)
     assert r.status == 503  # model known, but no healthy backend: 503, not 404
+
+
+async def test_health_is_503_while_every_backend_drains(harness: Harness) -> None:
+    """A load balancer in front reads /health as readiness: with every backend drained
+    each request got 503 while /health said 200 "ok" (a review found it)."""
+    a, b = await harness.backend("a"), await harness.backend("b")
+    client = await harness.router([a.url, b.url], admin_key=ADMIN)
+    for fb in (a, b):
+        await client.post("/admin/backends/drain", json={"url": fb.url}, headers=_admin())
+        health = await client.get("/health")
+        body = await health.json()
+        assert body["healthy_backends"] == 2
+        if fb is a:  # one still serves
+            assert health.status == 200 and body["serving_backends"] == 1
+    assert health.status == 503 and body["serving_backends"] == 0
+    assert body["status"] == "every healthy backend is draining"
+    assert (await client.post("/v1/completions", data=BODY)).status == 503
+    undrain = {"url": b.url, "draining": False}
+    await client.post("/admin/backends/drain", json=undrain, headers=_admin())
+    assert (await client.get("/health")).status == 200
+
+
+async def test_a_router_without_backends_answers_503_not_404(harness: Harness) -> None:
+    """With every backend removed a request got 404 model_not_found: the model is not
+    unknown, the fleet is empty."""
+    a = await harness.backend("a")
+    client = await harness.router([a.url], admin_key=ADMIN)
+    resp = await client.delete("/admin/backends", json={"url": a.url}, headers=_admin())
+    assert resp.status == 200
+    resp = await client.post("/v1/completions", data=BODY)
+    assert resp.status == 503
+    assert "no backend" in (await resp.json())["error"]["message"]
+    assert (await client.get("/health")).status == 503

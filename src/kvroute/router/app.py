@@ -299,10 +299,19 @@ async def handle_models(request: web.Request) -> web.Response:
 async def handle_health(request: web.Request) -> web.Response:
     state = request.app[STATE]
     healthy = state.backends.num_routable
-    ok = healthy > 0 and not state.shutting_down
+    # ready only if some backend takes new requests: drained ones answer none of them
+    serving = state.backends.num_serving() if healthy else 0
+    ok = serving > 0 and not state.shutting_down
+    if ok:
+        status = "ok"
+    elif state.shutting_down:
+        status = "draining"
+    else:
+        status = "every healthy backend is draining" if healthy else "no healthy backend"
     body = {
-        "status": "ok" if ok else ("draining" if state.shutting_down else "no healthy backend"),
+        "status": status,
         "healthy_backends": healthy,
+        "serving_backends": serving,
         "backends": len(state.backends),
     }
     return web.Response(

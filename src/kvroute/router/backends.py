@@ -221,6 +221,10 @@ class Backends:
                 rt.engine = None  # a dead engine's last gauges are not its state (Fleet too)
             self._fleet.set_healthy(rt.url, routable)
 
+    def num_serving(self) -> int:
+        """Backends that take new requests: routable and not draining."""
+        return sum(1 for rt in self if rt.routable and not rt.draining)
+
     def set_draining(self, url: str, draining: bool) -> None:
         rt = self._by_url[url]
         rt.draining = draining

@@ -33,7 +33,7 @@ from kvroute.core.token_keys import (
 )
 from kvroute.router.clients import client_address
 from kvroute.router.config import SessionConfig
-from kvroute.router.errors import BadRequest, ModelNotFound
+from kvroute.router.errors import BadRequest, ModelNotFound, NoHealthyBackend
 from kvroute.router.request import parse_completion_body
 from kvroute.router.state import BUILTIN_TOKENIZER, NOTE, RouterState
 
@@ -93,6 +93,8 @@ async def route_request(
         if model is None and len(state.backends.model_cards()) > 1:
             raise BadRequest("'model' is required: this router serves several models")
     elif not state.backends.model_is_known(model):
+        if not len(state.backends):  # the fleet is empty, not the model unknown
+            raise NoHealthyBackend("the router has no backend (add one: POST /admin/backends)")
         raise ModelNotFound(f"the model '{model}' does not exist on any backend")
     state.backends.check_context(model, parsed)
     # the engine gets an id of ours (vLLM may use it as its own request id: two clients
