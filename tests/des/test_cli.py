@@ -69,6 +69,29 @@ def test_a_router_config_is_what_the_simulated_router_runs_with(tmp_path, capsys
     assert tiny["engine_prefix_hit_rate"] < default["engine_prefix_hit_rate"]
 
 
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("policy: round_robin\n", "sets policy: round_robin, but the router kvroute runs"),
+        ("backends: [http://127.0.0.1:9]\n", "lists backends"),
+        ("fleet: {max_index_entries: -1}\n", "fleet.max_index_entries"),
+    ],
+)
+def test_a_router_config_the_run_cannot_use_is_refused_before_it(
+    tmp_path, capsys, text: str, said: str
+) -> None:
+    """A policy in the file was silently overridden by the router's name; a file with
+    backends (or a bad value) was a traceback from inside the run."""
+    config = tmp_path / "router.yaml"
+    config.write_text(text)
+    args = ["simulate", "--workload", "gsp", "--backends", "2", "--num-requests", "10"]
+    args += ["--routers", "kvroute", "--router-config", str(config), "--out", str(tmp_path)]
+    assert main([*args, "--quiet", "--no-plots"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kvroute simulate: ") and said in err
+    assert not (tmp_path / "compare.json").exists()
+
+
 def test_a_bad_workload_is_a_usage_error(capsys) -> None:
     assert main(["simulate", "--workload", "nope", "--quiet", "--no-plots"]) == 2
     assert "nope" in capsys.readouterr().err

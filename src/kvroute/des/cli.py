@@ -67,6 +67,7 @@ from kvroute.des.plan import (
     smallest_fleet,
 )
 from kvroute.des.report import format_ceilings, format_reuse_regime, format_speed
+from kvroute.des.router import router_config
 from kvroute.des.simulation import (
     DEFAULT_KV_EVENT_DELAY_S,
     DEFAULT_REQUEST_OVERHEAD_S,
@@ -170,6 +171,11 @@ def main(args: argparse.Namespace) -> int:
                              f"{config.num_backends}")  # fmt: skip
         if args.plan:
             pricing = _plan_pricing(args, profile.gpus)
+        if config.router_config is not None:  # its errors before any run, not in one
+            urls = [f"http://sim-{i}" for i in range(config.num_backends)]
+            for name in config.routers:
+                if (spec := parse_router(name)).kind == "kvroute":
+                    router_config(spec, urls, config.router_config)
     except ValueError as exc:
         print(f"kvroute simulate: {in_flags(str(exc))}", file=sys.stderr)
         return 2

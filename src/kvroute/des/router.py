@@ -28,7 +28,7 @@ from kvroute.core.policy import make_policy
 from kvroute.core.policy.base import Decision, RouteRequest
 from kvroute.des.prepare import Prepared
 from kvroute.engine.engine import EngineStats
-from kvroute.router.config import RouterConfig, load_config
+from kvroute.router.config import RouterConfig, load_config, read_yaml
 from kvroute.router.route_request import session_hint
 
 
@@ -64,6 +64,8 @@ def router_config(
         )
     args = dict(arg.split("=", 1) for arg in spec.policy_args)
     try:  # the file is read once; one that lists backends adds to the fleet's: refused
+        if config_path is not None:
+            _check_router_owns(read_yaml(config_path), spec, config_path)
         config = load_config(
             config_path,
             backends=urls,
@@ -75,6 +77,19 @@ def router_config(
     if len(config.backends) != len(urls):
         raise ValueError(f"router config {config_path} lists backends: {NO_BACKENDS}")
     return config
+
+
+def _check_router_owns(raw: dict[str, Any], spec: RouterSpec, path: str) -> None:
+    """The router's name sets its policy and mode: a file saying otherwise would be
+    silently overridden, so it is refused."""
+    for key, value in (("policy", spec.policy), ("mode", spec.mode)):
+        given = raw.get(key)
+        if value is not None and given is not None and given != value:
+            raise ValueError(
+                f"router config {path} sets {key}: {given}, but the router {spec.name} "
+                f"runs {key} {value}: remove {key} from the file, or name the router for it "
+                "(kvroute:POLICY, kvroute-exact)"
+            )
 
 
 class SimRouter:
