@@ -52,6 +52,12 @@ def test_yaml_and_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     [
         ("port: 70000", "port"),
         ("timeouts: {idle_s: 0}", "timeouts.idle_s"),
+        # YAML 1.1 reads 3e3 as text: the message says how to write it
+        (
+            "timeouts: {idle_s: 3e3}",
+            "timeouts.idle_s: expected a number, got '3e3' .text, "
+            "not a number: write it 3000, unquoted.$",
+        ),
         ("limits: {max_attempts: 0}", "limits.max_attempts"),
         ("backends: [ftp://x]", "backends[0].url"),
         ("backends: [{url: 'http://a', weight: 0}]", "backends[0].weight"),
