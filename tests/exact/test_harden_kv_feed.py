@@ -68,6 +68,8 @@ MALFORMED = [
     msgpack([1.0, [["BlockStored", [1], None, [1, 2, 3, 4], 4, None, "GPU", ["x"]]]]),
     msgpack([1.0, [["BlockRemoved", [True]]]]),  # a bool hash
     msgpack([1.0, [["AllBlocksCleared"]] * 70_000]),  # more events than a batch may hold
+    b"\x92" + b"\x91" * 200_000 + b"\x01\x90",  # nested past msgspec's depth limit
+    b"\x92\x01\x91" + b"\x91" * 200_000 + b"\x90",  # an event nested as deep
 ]
 
 
@@ -85,9 +87,9 @@ async def test_malformed_batches_are_skipped_counted_and_exact_mode_recovers(pub
         pub._send_frames([b"kv-events", b"\x00\x01", b"short seq"])  # not a numbered batch
         pub._send_frames([b"only one frame"])
         await until(lambda: sub.status(URL).num_malformed_batches == len(MALFORMED))
+        await until(lambda: sub.status(URL).num_bad_messages == 2)  # sent after them
         status = sub.status(URL)
         assert status.running and status.num_feed_restarts == 0
-        assert status.num_bad_messages == 2
         assert not fleet.is_exact(URL)  # the view missed batches: not trusted any more
         fleet.check_invariants()
         b = tokens((3, 2))
@@ -113,6 +115,7 @@ async def test_a_failed_feed_restarts_with_backoff_and_logs(pub, caplog):
             await until(lambda: sub.status(URL).num_feed_restarts == 1)
             await until(lambda: feed.sock is not None)  # a new run with a new socket
         assert "restart 1" in caplog.text
+        assert "NoneType: None" not in caplog.text  # a socket error: no traceback at all
         assert sub.status(URL).running
         a = tokens((4, 3))
         for _ in range(500):  # the new SUB joins late: resend until a batch arrives
@@ -126,6 +129,30 @@ async def test_a_failed_feed_restarts_with_backoff_and_logs(pub, caplog):
         assert sub.status(URL).num_feed_restarts == 1
     finally:
         await sub.stop()
+
+
+async def test_a_feed_failing_on_a_bug_logs_its_traceback(pub, caplog):
+    fleet = fleet_of()
+    sub = KvEventSubscriber(fleet, {URL: pub.endpoint}, restart_backoff_s=(0.01, 0.05))
+
+    async def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("a bug in the feed")
+
+    sub._handle = broken  # type: ignore[method-assign]
+    with caplog.at_level(logging.WARNING, logger="kvroute.router.kv_subscriber"):
+        await sub.start()
+        try:
+            for _ in range(500):  # the SUB joins late: publish until a batch reaches it
+                pub.publish([AllBlocksCleared()])
+                await asyncio.sleep(0.01)
+                if sub.status(URL).num_feed_restarts:
+                    break
+            await until(lambda: "restart 1" in caplog.text)
+        finally:
+            await sub.stop()
+    record = next(r for r in caplog.records if "restart 1" in r.getMessage())
+    assert record.exc_info is not None and isinstance(record.exc_info[1], RuntimeError)
+    assert "Traceback" in caplog.text and "NoneType: None" not in caplog.text
 
 
 def flood_batch(i: int, blocks: int) -> list[BlockStored]:

@@ -67,6 +67,9 @@ def pack(*events: object, ts: object = 1.0) -> bytes:
         msgspec.msgpack.encode([1.0, "events"]),
         msgspec.msgpack.encode([[[[[[[[[[[]]]]]]]]]]]),
         b"\x92\xcb\x3f\xf0\x00\x00\x00\x00\x00\x00\xdd\xff\xff\xff\xff",  # huge array header
+        # nested past msgspec's depth limit (RecursionError): as timestamp, as an event
+        pytest.param(b"\x92" + b"\x91" * 200_000 + b"\x01\x90", id="deep-ts"),
+        pytest.param(b"\x92\x01\x91" + b"\x91" * 200_000 + b"\x90", id="deep-event"),
     ],
 )
 def test_malformed_or_oversized_batches_raise_value_error(payload: bytes) -> None:

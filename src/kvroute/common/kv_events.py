@@ -264,6 +264,8 @@ class BatchReader:
             self._raw = _RAW_LIST.decode(outer[1])
         except msgspec.DecodeError as exc:  # ValidationError included: not [ts, [..]]
             raise ValueError(f"not a KV event batch: {exc}") from None
+        except RecursionError:  # msgspec's own depth limit, even when skipping a Raw
+            raise ValueError("not a KV event batch: nested too deeply") from None
         if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts):
             raise ValueError(f"batch timestamp must be a finite number, got {ts!r:.40}")
         if len(self._raw) > limits.max_events:

@@ -205,7 +205,8 @@ class KvEventSubscriber(KvFeedMixin):
                 error,
                 feed.num_restarts,
                 delay,
-                exc_info=not isinstance(error, (zmq.ZMQError, ConnectionError)),
+                # the error itself: sys.exc_info() is empty once its except block has ended
+                exc_info=None if isinstance(error, (zmq.ZMQError, ConnectionError)) else error,
             )
             await asyncio.sleep(delay)
             delay = min(delay * 2, self._backoff[1])
