@@ -150,6 +150,22 @@ async def test_streaming_clients_are_relayed_as_before(harness: Harness, vllm: V
     assert vllm.script.bodies[-1] == raw  # the client's own bytes
 
 
+@pytest.mark.parametrize("eol", [b"\n", b"\r\n", b"\r"])
+async def test_usage_is_read_from_a_relayed_stream_whatever_its_line_ends(
+    harness: Harness, vllm: VllmLike, eol: bytes
+) -> None:
+    """SSE lets an engine end lines with LF, CRLF or CR: the usage chunk counts in each."""
+    events = text_stream(["x", "y"], USAGE, chat=False)
+    vllm.script.events = [e.replace(b"\n", eol) for e in events]
+    client = await harness.router([vllm.url])
+    body = {"model": "m1", "prompt": PROMPT, "stream": True}
+    raw = _raw({**body, "stream_options": {"include_usage": True}})
+    resp = await client.post("/v1/completions", data=raw)
+    assert await resp.read() == b"".join(vllm.script.events)  # relayed as it came
+    (bs,) = harness.state(client).fleet.backend_states()
+    assert (bs.num_reported, bs.reported_hit_tokens) == (1, 256)
+
+
 @pytest.mark.parametrize(
     ("body", "owned_by", "config"),
     [

@@ -353,13 +353,16 @@ _USAGE_TAIL_BYTES = 4096  # a usage chunk is a few hundred bytes
 
 def _stream_usage(tail: bytes) -> Any:
     """The ``usage`` of the stream's usage chunk (``stream_options.include_usage``, asked
-    by the client), found in the stream's last bytes."""
+    by the client), found in the stream's last bytes. SSE lines may end with LF, CRLF or
+    CR (the assembler reads the same), and ``data:`` may go without its space."""
     if b'"prompt_tokens"' not in tail:
         return None
+    if b"\r" in tail:
+        tail = tail.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
     for event in reversed(tail.split(b"\n\n")):
-        if b'"prompt_tokens"' in event and event.startswith(b"data: "):
+        if b'"prompt_tokens"' in event and event.startswith(b"data:"):
             try:
-                return _decode_usage(event[6:]).usage
+                return _decode_usage(event[5:]).usage
             except msgspec.DecodeError:
                 return None
     return None
