@@ -46,15 +46,46 @@ def test_yaml_backends_carry_kv_endpoints_and_mode_defaults_to_auto() -> None:
     [
         ({"backends": [{"url": A, "kv_events": "http://x:1"}]}, r"backends\[0\]\.kv_events"),
         ({"backends": [{"url": A, "kv_replay": "tcp://h:1"}]}, r"backends\[0\]\.kv_replay"),
+        ({"backends": [{"url": A, "kv_events": "tcp://127.0.0.1"}]}, "tcp://host:port"),
+        ({"backends": [{"url": A, "kv_events": "tcp://:5557"}]}, "tcp://host:port"),
+        ({"backends": [{"url": A, "kv_events": "tcp://h:99999"}]}, "port must be 1-65535"),
+        ({"backends": [{"url": A, "kv_events": "tcp://h:0"}]}, "port must be 1-65535"),
+        ({"backends": [{"url": A, "kv_events": "tcp://h:*"}]}, "port must be 1-65535"),
+        (
+            {"backends": [{"url": A, "kv_events": "tcp://h:1", "kv_replay": "tcp://h:x"}]},
+            r"backends\[0\]\.kv_replay.*port",
+        ),
         ({"backends": [A], "mode": "magic"}, "mode"),
         ({"backends": [A], "fleet": {"speculative_ttl_s": -1}}, r"fleet\.speculative_ttl_s"),
         ({"backends": [A], "tokenizers": ["x"]}, "tokenizers"),
     ],
-    ids=["events-not-zmq", "replay-without-events", "unknown-mode", "negative-ttl", "list"],
+    ids=[
+        "events-not-zmq",
+        "replay-without-events",
+        "no-port",
+        "no-host",
+        "port-too-big",
+        "port-0",
+        "port-wildcard",
+        "replay-port-not-a-number",
+        "unknown-mode",
+        "negative-ttl",
+        "list",
+    ],
 )
 def test_bad_exact_config_names_the_field(raw: dict, field: str) -> None:
     with pytest.raises(ValueError, match=field):
         config_from_mapping(raw)
+
+
+@pytest.mark.parametrize(
+    "endpoint",
+    ["tcp://127.0.0.1:5557", "tcp://engine-1.local:1", "tcp://[::1]:65535",
+     "tcp://eth0;10.0.0.2:5557", " tcp://h:5557 ", "ipc:///tmp/kv.sock"],
+)  # fmt: skip
+def test_connectable_zmq_endpoints_are_accepted(endpoint: str) -> None:
+    config = config_from_mapping({"backends": [{"url": A, "kv_events": endpoint}]})
+    assert config.backends[0].kv_events == endpoint.strip()
 
 
 def test_flags_give_endpoints_per_backend_url() -> None:

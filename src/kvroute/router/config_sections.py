@@ -52,10 +52,20 @@ _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ012
 
 
 def check_zmq_endpoint(endpoint: str, name: str) -> str:
-    """A ZMQ endpoint the subscriber can connect to (tcp://host:port or ipc://path)."""
-    ok = isinstance(endpoint, str) and endpoint.startswith(("tcp://", "ipc://"))
-    check(ok and len(endpoint) > 6, name, f"not a tcp:// or ipc:// endpoint: {endpoint!r}")
-    return endpoint.strip()
+    """A ZMQ endpoint the subscriber can connect to: tcp://host:port (a port in 1-65535;
+    ZMQ's ``source;host:port`` form too) or ipc://path. ZMQ would take a bad port only
+    to fail later: without one, every connect (a restart loop); out of range, never a
+    word while nothing arrives."""
+    ok = isinstance(endpoint, str) and endpoint.strip().startswith(("tcp://", "ipc://"))
+    check(ok and len(endpoint.strip()) > 6, name, f"not a tcp:// or ipc:// endpoint: {endpoint!r}")
+    endpoint = endpoint.strip()
+    if endpoint.startswith("tcp://"):
+        host, colon, port = endpoint[6:].rpartition(";")[2].rpartition(":")
+        check(bool(colon and host.strip("[]")), name,
+              f"a tcp:// endpoint is tcp://host:port, got {endpoint!r}")  # fmt: skip
+        ok = port.isascii() and port.isdigit() and 1 <= int(port) <= 65535
+        check(ok, name, f"port must be 1-65535, got {port!r} in {endpoint!r}")
+    return endpoint
 
 
 @dataclass(frozen=True, slots=True)
