@@ -36,6 +36,13 @@ Hostile or broken input: a message larger than ``max_message_bytes`` is refused 
 show as a gap); a batch that fails to decode (``KvEventLimits``) or to apply is skipped
 and counted (``num_malformed_batches``), and since the view now misses it, the backend
 goes approximate as after an unfilled gap.
+
+A backend that follows events but is approximate is reported at WARNING, once per
+episode (until it is exact again), with the reason: it published before the router
+subscribed and has no replay endpoint (its history cannot be had: add ``kv_replay``, or
+reset the engine's prefix cache), batches were lost, a batch was malformed, or nothing
+came within ``sync_grace_s`` of subscribing (a wrong endpoint, an unreachable host, an
+engine not started or not publishing). Exact mode would otherwise stay off in silence.
 """
 
 from __future__ import annotations
@@ -57,6 +64,8 @@ log = logging.getLogger("kvroute.router.kv_subscriber")
 
 END_SEQ = -1  # a replay's last frame carries this (8 bytes, signed)
 REPLAY_IDLE_S = 0.25  # silence mid-replay that means the answer was cut short
+SYNC_GRACE_S = 30.0  # a run still approximate this long after subscribing says why
+APPROXIMATE_NOTE = "the backend is approximate until the engine's next cache reset"
 
 
 class Feed:
@@ -74,6 +83,7 @@ class Feed:
         self.num_restarts = 0
         self.num_received = 0  # framed messages received (all runs)
         self.num_disconnects = 0  # connections to the publisher lost (and made again)
+        self.warned = False  # its being approximate was reported (until exact again)
 
 
 class KvFeedMixin:
@@ -89,6 +99,7 @@ class KvFeedMixin:
     _max_message_bytes: int
     _rcv_hwm: int
     _slice_blocks: int
+    _sync_grace_s: float
     _ctx: zmq.asyncio.Context | None
 
     def _socket(self, kind: int) -> zmq.asyncio.Socket:
@@ -103,15 +114,18 @@ class KvFeedMixin:
         batch as it comes; returns only by raising (a socket error, a cancel)."""
         sock = self._socket(zmq.SUB)
         watcher: asyncio.Task[None] | None = None
+        loop = asyncio.get_running_loop()
+        checker = loop.create_task(self._check_synced(feed, self._sync_grace_s))
         try:
             sock.setsockopt(zmq.RCVHWM, self._rcv_hwm)
             sock.setsockopt(zmq.SUBSCRIBE, self._topic)
             monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-            watcher = asyncio.get_running_loop().create_task(self._reconnect(feed, sock, monitor))
+            watcher = loop.create_task(self._reconnect(feed, sock, monitor))
             sock.connect(feed.endpoint)
             feed.sock = sock
             if feed.replay_endpoint is not None:
                 await self._initial_sync(feed)
+                self._note_exact(feed)
             while True:
                 frames = await sock.recv_multipart()
                 if len(frames) != 3 or len(frames[1]) != 8:
@@ -119,14 +133,43 @@ class KvFeedMixin:
                     continue
                 feed.num_received += 1
                 await self._handle(feed, int.from_bytes(frames[1], "big"), frames[2])
+                self._note_exact(feed)
                 await asyncio.sleep(0)  # a burst of queued batches must not hog the loop
         finally:
             feed.sock = None
-            if watcher is not None:
-                watcher.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await watcher
+            for task in (watcher, checker):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
             sock.close(linger=0)
+
+    async def _check_synced(self, feed: Feed, grace_s: float) -> None:
+        """``grace_s`` into a run, report a backend still approximate (module doc)."""
+        await asyncio.sleep(grace_s)
+        if feed.num_received == 0:
+            why = (
+                f"nothing received from {feed.endpoint} in {grace_s:.3g} s (is it the "
+                "engine's KV event endpoint, reachable, and the engine publishing there?)"
+            )
+        elif feed.replay_endpoint is not None:
+            why = f"its history could not be replayed from {feed.replay_endpoint}"
+        else:
+            why = "no batch 0 and no cache reset seen since subscribing: its history is unknown"
+        self._warn_approximate(feed, why)
+
+    def _warn_approximate(self, feed: Feed, why: str) -> None:
+        """WARNING, once per episode, that ``feed``'s backend is approximate, and why."""
+        if feed.warned or self.fleet.is_exact(feed.url) or self.fleet.kv_next_seq(feed.url) is None:
+            return
+        feed.warned = True
+        log.warning("KV events of %s: %s; %s", feed.url, why, APPROXIMATE_NOTE)
+
+    def _note_exact(self, feed: Feed) -> None:
+        """The episode a warning reported is over once the backend is exact again."""
+        if feed.warned and self.fleet.is_exact(feed.url):
+            feed.warned = False
+            log.info("KV events of %s: the backend is exact again", feed.url)
 
     @staticmethod
     async def _reconnect(feed: Feed, sock: zmq.asyncio.Socket, monitor: zmq.asyncio.Socket) -> None:
@@ -178,13 +221,22 @@ class KvFeedMixin:
                 await self._replay(feed, start)
                 outcome = self._apply(feed, seq, ts, parts[0], len(parts))
         if outcome is KvOutcome.GAP:
-            log.info(
-                "KV events of %s: batches %s..%d lost; approximate until its next reset",
-                feed.url,
-                self.fleet.kv_next_seq(feed.url),
-                seq - 1,
-            )
+            first = self.fleet.kv_next_seq(feed.url)
+            if first == 0 and feed.replay_endpoint is None:
+                why = (
+                    f"it published batches 0..{seq - 1} before the router subscribed, and "
+                    "without a replay endpoint (kv_replay) that history cannot be had: add "
+                    "kv_replay, or reset the engine's prefix cache (or restart the engine)"
+                )
+            elif feed.replay_endpoint is None:
+                why = f"batches {first}..{seq - 1} lost (no replay endpoint, kv_replay)"
+            else:
+                why = f"batches {first}..{seq - 1} lost and not to be had by a replay"
+            was_warned = feed.warned
             self.fleet.kv_gap_unfilled(feed.url, seq)
+            self._warn_approximate(feed, why)
+            if was_warned or not feed.warned:  # already reported: no new episode
+                log.info("KV events of %s: %s; %s", feed.url, why, APPROXIMATE_NOTE)
             outcome = self._apply(feed, seq, ts, parts[0], len(parts))
         for part in parts[1:]:
             if outcome is not KvOutcome.APPLIED:
@@ -226,16 +278,21 @@ class KvFeedMixin:
         """Batch ``seq`` is lost: count it, and stop trusting the view (as after a gap)."""
         feed.num_malformed += 1
         n = feed.num_malformed
-        if n & (n - 1) == 0:  # 1, 2, 4, 8, ...: a flood of bad batches logs O(log n) lines
+        self.fleet.kv_gap_unfilled(feed.url, seq + 1)
+        approximate = not self.fleet.is_exact(feed.url)
+        # 1, 2, 4, 8, ...: a flood of bad batches logs O(log n) lines; and the first of
+        # each episode of being approximate
+        if n & (n - 1) == 0 or (approximate and not feed.warned):
             log.warning(
-                "KV batch %d of %s skipped (%d so far): %s",
+                "KV batch %d of %s skipped (%d so far): %s%s",
                 seq,
                 feed.url,
                 n,
                 error,
-                exc_info=not isinstance(error, ValueError),
+                f"; {APPROXIMATE_NOTE}" if approximate else "",
+                exc_info=None if isinstance(error, ValueError) else error,
             )
-        self.fleet.kv_gap_unfilled(feed.url, seq + 1)
+        feed.warned = feed.warned or approximate
 
     async def _replay(self, feed: Feed, start: int) -> tuple[int, bool]:
         """Ask the engine for batches ``>= start`` and apply them; returns how many came

@@ -27,7 +27,7 @@ import zmq.asyncio
 
 from kvroute.common.kv_events import DEFAULT_LIMITS, KvEventLimits
 from kvroute.core.fleet import Fleet
-from kvroute.router.kv_feed import Feed, KvFeedMixin
+from kvroute.router.kv_feed import SYNC_GRACE_S, Feed, KvFeedMixin
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +66,7 @@ class KvEventSubscriber(KvFeedMixin):
     ``clock`` is the fleet's clock (its ``now``); ``wall`` measures lag against the
     engine's timestamps (the engines' wall clocks). ``limits`` bounds one batch,
     ``max_message_bytes`` one ZMQ message, ``rcv_hwm`` the messages queued per backend.
+    A feed still approximate ``sync_grace_s`` after subscribing says why (router/kv_feed.py).
     """
 
     def __init__(
@@ -83,6 +84,7 @@ class KvEventSubscriber(KvFeedMixin):
         rcv_hwm: int = RCV_HWM,
         slice_blocks: int = SLICE_BLOCKS,
         restart_backoff_s: tuple[float, float] = RESTART_BACKOFF_S,
+        sync_grace_s: float = SYNC_GRACE_S,
     ) -> None:
         if max_message_bytes < 1 or rcv_hwm < 1 or slice_blocks < 1:
             raise ValueError("max_message_bytes, rcv_hwm and slice_blocks must be >= 1")
@@ -98,6 +100,7 @@ class KvEventSubscriber(KvFeedMixin):
         self._rcv_hwm = rcv_hwm
         self._slice_blocks = slice_blocks
         self._backoff = restart_backoff_s
+        self._sync_grace_s = sync_grace_s
         self._ctx: zmq.asyncio.Context | None = None
         self._feeds: dict[str, Feed] = {}
         for url, endpoint in (backends or {}).items():
