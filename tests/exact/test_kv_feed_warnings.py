@@ -95,3 +95,29 @@ async def test_a_feed_that_receives_nothing_says_so(tmp_path, caplog):
         assert f"nothing received from {endpoint}" in warning and APPROXIMATE_NOTE in warning
     finally:
         await sub.stop()
+
+
+async def test_badly_framed_messages_are_counted_and_logged_rate_limited(pub, caplog):
+    fleet = fleet_of()
+    sub = KvEventSubscriber(fleet, {URL: pub.endpoint})
+    await sub.start()
+    try:
+        await joined(pub, fleet)
+        caplog.set_level(logging.WARNING, logger=LOGGER)
+        caplog.clear()
+        bad = [
+            [b"only one frame"],
+            [b"kv", b"\x00\x01"],
+            [b"kv", b"", b"x"],
+            [b"kv", b"s" * 4, b"x"],
+        ]
+        for frames in bad:  # 1, 2 or 4 frames, an empty or a 4-byte seq
+            pub._send_frames(frames)
+        await until(lambda: sub.status(URL).num_bad_messages == 4)
+        lines = warnings_of(caplog)
+        assert len(lines) == 3  # the 1st, 2nd and 4th
+        assert "1 frames of 14 bytes" in lines[0] and "8-byte seq" in lines[0]
+        assert "(4 so far)" in lines[2]
+        assert fleet.is_exact(URL)  # nothing applied, nothing lost
+    finally:
+        await sub.stop()

@@ -218,6 +218,8 @@ async def test_a_batch_that_fails_to_apply_turns_its_backend_approximate(
     assert not state.fleet.is_exact(url)  # a view that missed a batch is not trusted
     metrics = await (await router.get("/metrics")).text()
     assert f'kvroute_backend_kv_malformed_batches{{backend="{url}"}}' in metrics
+    for name in ("bad_messages", "disconnects"):  # counted by the feed: exported too
+        assert f'kvroute_backend_kv_{name}{{backend="{url}"}} 0.0' in metrics
     again = await complete(router, SHARED + "still routed")
     assert again.status == 200
 

@@ -129,7 +129,7 @@ class KvFeedMixin:
             while True:
                 frames = await sock.recv_multipart()
                 if len(frames) != 3 or len(frames[1]) != 8:
-                    feed.num_bad += 1
+                    self._bad_message(feed, frames, "[topic, 8-byte seq, payload]")
                     continue
                 feed.num_received += 1
                 await self._handle(feed, int.from_bytes(frames[1], "big"), frames[2])
@@ -274,6 +274,23 @@ class KvFeedMixin:
             self._skip(feed, seq, exc)
             return None
 
+    @staticmethod
+    def _bad_message(feed: Feed, frames: list[bytes], form: str) -> None:
+        """A message not framed as ``form``: ignored, counted, logged as skipped batches are
+        (1, 2, 4, 8, ...: O(log n) lines for a flood)."""
+        feed.num_bad += 1
+        n = feed.num_bad
+        if n & (n - 1) == 0:
+            sizes = ", ".join(str(len(f)) for f in frames[:8])
+            log.warning(
+                "KV message from %s ignored (%d so far): %d frames of %s bytes, not %s",
+                feed.url,
+                n,
+                len(frames),
+                sizes + (", ..." if len(frames) > 8 else ""),
+                form,
+            )
+
     def _skip(self, feed: Feed, seq: int, error: Exception) -> None:
         """Batch ``seq`` is lost: count it, and stop trusting the view (as after a gap)."""
         feed.num_malformed += 1
@@ -337,7 +354,7 @@ class KvFeedMixin:
                     timeout_s = min(timeout_s, REPLAY_IDLE_S)
                 frames = await asyncio.wait_for(sock.recv_multipart(), timeout_s)
                 if len(frames) < 2 or len(frames[-2]) != 8:
-                    feed.num_bad += 1
+                    self._bad_message(feed, frames, "a replay's [..., 8-byte seq, payload]")
                     continue
                 seq = int.from_bytes(frames[-2], "big", signed=True)
                 if seq == END_SEQ:

@@ -246,6 +246,10 @@ class BackendCollector(Collector):
         "kvroute_backend_kv_restarts": "Engine restarts seen in the backend's KV event stream",
         "kvroute_backend_kv_replays": "KV event replays requested from the backend",
         "kvroute_backend_kv_malformed_batches": "KV batches skipped: failed to decode or apply",
+        "kvroute_backend_kv_bad_messages": "KV messages ignored: not framed as [topic, 8-byte "
+        "seq, payload]",
+        "kvroute_backend_kv_disconnects": "Connections to the KV-event publisher lost (and "
+        "made again)",
         "kvroute_backend_kv_feed_restarts": "Times the KV-event feed task failed and restarted",
         "kvroute_backend_kv_overflows": "Times the exact view passed its cap and was dropped",
         "kvroute_backend_speculative_blocks": "Dispatched blocks not yet confirmed by KV events",

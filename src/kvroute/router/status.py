@@ -35,6 +35,8 @@ def _kv_row(state: RouterState, url: str, fs: BackendState | None) -> dict[str, 
     row["kvroute_backend_kv_feed_up"] = int(sub.running) if sub else None
     row["kvroute_backend_kv_replays"] = sub.num_replays if sub else None
     row["kvroute_backend_kv_malformed_batches"] = sub.num_malformed_batches if sub else None
+    row["kvroute_backend_kv_bad_messages"] = sub.num_bad_messages if sub else None
+    row["kvroute_backend_kv_disconnects"] = sub.num_disconnects if sub else None
     row["kvroute_backend_kv_feed_restarts"] = sub.num_feed_restarts if sub else None
     row["kvroute_backend_kv_overflows"] = sub.num_overflows if sub else None
     if fs is None:
