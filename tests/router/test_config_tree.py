@@ -255,6 +255,35 @@ def test_defaults_are_unchanged_and_secrets_are_not_printed(tmp_path: Path) -> N
     assert "S3CR3T" not in printed and printed.count("'***'") == 4  # with the header's
 
 
+def test_printed_secrets_are_refused_or_round_trip_as_env_references(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A printed secret is never loaded as the literal placeholder (a backend would get
+    "Bearer ***"); one that came from ``env:NAME`` is printed as that reference."""
+    text = "admin_key: admin-S3CR3T\nbackends: [{url: 'http://a:1', api_key: up-S3CR3T}]\n"
+    text += "clients: {keys: [{name: t, key: client-S3CR3T}]}\n"
+    printed = dump_config(load_config(write(tmp_path, text)))
+    with pytest.raises(ValueError, match="placeholder"):
+        load_config(write(tmp_path, printed, "printed.yaml"))
+    for bad in (
+        "admin_key: '***'\n",
+        "backends: [{url: 'http://a:1', api_key: '***'}]\n",
+        "clients: {keys: [{name: t, key: '***'}]}\n",
+    ):
+        with pytest.raises(ValueError, match=r"placeholder '\*\*\*'.*env:NAME"):
+            load_config(write(tmp_path, bad, "bad.yaml"))
+    monkeypatch.setenv("UP_KEY", "up-S3CR3T")
+    monkeypatch.setenv("ADMIN_KEY", "admin-S3CR3T")
+    monkeypatch.setenv("CLIENT_KEY", "client-S3CR3T")
+    text = "admin_key: env:ADMIN_KEY\nbackends: [{url: 'http://a:1', api_key: env:UP_KEY}]\n"
+    text += "clients: {keys: [{name: t, key: env:CLIENT_KEY}]}\nmode: approximate\n"
+    config = load_config(write(tmp_path, text))
+    assert config.backends[0].api_key == "up-S3CR3T" and config.admin_key == "admin-S3CR3T"
+    printed = dump_config(config)
+    assert "S3CR3T" not in printed and "env:UP_KEY" in printed and "env:ADMIN_KEY" in printed
+    assert load_config(write(tmp_path, printed, "printed.yaml")) == config
+
+
 def test_enums_keep_their_strings_on_the_wire() -> None:
     assert json.dumps({"mode": Mode.AUTO, "reason": Reason.COLD}) == (
         '{"mode": "auto", "reason": "cold"}'

@@ -57,6 +57,7 @@ FLEET_KEYS_SET_ELSEWHERE = {
     "session_max_entries": "sessions.max_entries",
 }
 DEFAULT_POLICY = "prefix"
+REDACTED = "***"  # what --print-config prints for a secret not read from env:NAME
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +167,21 @@ def _full_policies(given: Mapping[str, Any]) -> dict[str, Any]:
 # --- YAML -> RouterConfig ------------------------------------------------------------
 
 
+class EnvSecret(str):
+    """A secret read from ``env:NAME``: a plain string to every user, and its ``ref``
+    (``"env:NAME"``) for ``--print-config`` to print instead of the value."""
+
+    ref: str
+
+    def __new__(cls, value: str, ref: str) -> EnvSecret:
+        out = super().__new__(cls, value)
+        out.ref = ref
+        return out
+
+    def __reduce__(self) -> tuple[type[EnvSecret], tuple[str, str]]:
+        return EnvSecret, (str(self), self.ref)  # through a worker process's pickling
+
+
 def _expand(value: Any) -> Any:
     """``env:NAME`` reads a secret from the environment (keys need not sit in the YAML)."""
     if isinstance(value, str) and value.startswith("env:"):
@@ -176,11 +192,16 @@ def _expand(value: Any) -> Any:
 
 
 def _secret(value: Any, key: str) -> str | None:
-    """A secret from YAML (``env:`` expanded); a wrong type is named, never shown."""
+    """A secret from YAML (``env:`` expanded, remembering its reference); a wrong type is
+    named, never shown; ``--print-config``'s placeholder is refused, not taken as the key."""
     secret = _expand(value)
-    if secret is None or isinstance(secret, str):
-        return secret
-    raise ConfigError(key, "expected a string")
+    if secret is None:
+        return None
+    if not isinstance(secret, str):
+        raise ConfigError(key, "expected a string")
+    check(secret != REDACTED, key, f"is the placeholder {REDACTED!r} that --print-config "
+          "writes for a secret: put the real value or env:NAME back")  # fmt: skip
+    return EnvSecret(secret, value) if secret is not value else secret  # value: "env:NAME"
 
 
 def _items(raw: Any, key: str) -> list[Any]:
@@ -357,10 +378,12 @@ def load_config(
 
 __all__ = [
     "DEFAULT_SESSION_HEADERS",
+    "REDACTED",
     "BackendConfig",
     "BreakerConfig",
     "ClientKey",
     "ConfigError",
+    "EnvSecret",
     "HealthConfig",
     "IpNetwork",
     "LimitConfig",
