@@ -19,7 +19,7 @@ from kvroute.core.fleet import Fleet
 from kvroute.core.policy import Decision, Reason
 from kvroute.router.app import build_fleet
 from kvroute.router.cli import add_parser, config_from_args
-from kvroute.router.config import RouterConfig, config_from_mapping, load_config
+from kvroute.router.config import RouterConfig, config_from_mapping, load_config, read_yaml
 from kvroute.router.config_print import config_to_mapping, dump_config
 from tests.core.routing_helpers import chain, req, serve, url
 
@@ -178,6 +178,14 @@ def test_bad_policy_flags_name_the_key(
         ("sessions: {max_entries: many}", "sessions.max_entries: expected an integer, got 'many'"),
         ("a: [", "router.yaml: not valid YAML (line 1): expected the node content"),
         ("- a\n", "router.yaml: top level must be a mapping"),
+        ("backends: [http://a:1]\npolicy: prefix\nbackends: [http://b:1]\n",
+         "router.yaml: not valid YAML (line 3): duplicate key 'backends' (first on line 1)"),
+        ("timeouts:\n  idle_s: 30\n  idle_s: 5\n",
+         "router.yaml: not valid YAML (line 3): duplicate key 'idle_s' (first on line 2)"),
+        ("backends: [{url: 'http://a:1', weight: 2, weight: 3}]",
+         "router.yaml: not valid YAML (line 1): duplicate key 'weight' (first on line 1)"),
+        ("x: &t {policy: prefix}\npolicies:\n  prefix: {}\n  prefix: {}\n",
+         "router.yaml: not valid YAML (line 4): duplicate key 'prefix' (first on line 3)"),
     ],
 )  # fmt: skip
 def test_bad_yaml_names_the_full_key_exit_2_no_traceback(
@@ -189,6 +197,22 @@ def test_bad_yaml_names_the_full_key_exit_2_no_traceback(
     assert "Traceback" not in err
     got = err.removeprefix("kvroute serve: ").removeprefix(str(tmp_path) + "/")
     assert got.startswith(message), err
+
+
+def test_yaml_merge_keys_may_be_overridden(tmp_path: Path) -> None:
+    """``<<: *anchor`` then the same key is an override, not a duplicate key, also when
+    the merged mapping is itself merged later (PyYAML rewrites merged nodes in place)."""
+    text = """
+x-timeouts: &t {connect_s: 2, idle_s: 30}
+x-more: {inner: &m {<<: *t, idle_s: 40}}
+timeouts: {<<: *m, total_s: 100}
+backends:
+  - &b {url: 'http://a:1', weight: 2}
+  - {<<: *b, url: 'http://b:1'}
+"""
+    raw = read_yaml(write(tmp_path, text))
+    assert raw["timeouts"] == {"connect_s": 2, "idle_s": 40, "total_s": 100}
+    assert raw["backends"][1] == {"url": "http://b:1", "weight": 2}
 
 
 def _leaves(tree: Any, path: str = "") -> Iterator[str]:

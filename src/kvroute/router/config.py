@@ -315,11 +315,50 @@ def _lookup(given: Mapping[str, str], url: str) -> str | None:
     return None
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping (YAML says keys are
+    unique; PyYAML keeps the last, so a merge mistake could drop half the fleet unseen).
+    A key after ``<<: *anchor`` overrides the merged one, as YAML's merge key allows."""
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        # checked on the composed tree, before construction rewrites merged mappings
+        self._check_unique_keys(node)
+        return super().construct_document(node)
+
+    def _check_unique_keys(self, root: yaml.Node) -> None:
+        todo, done = [root], set()
+        while todo:
+            node = todo.pop()
+            if id(node) in done:  # an alias, or a recursive document
+                continue
+            done.add(id(node))
+            if isinstance(node, yaml.SequenceNode):
+                todo.extend(node.value)
+            if not isinstance(node, yaml.MappingNode):
+                continue
+            first: dict[Any, yaml.Node] = {}
+            for key_node, value_node in node.value:
+                todo.append(value_node)
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    seen = first.setdefault(key, key_node)
+                except TypeError:  # an unhashable key: construction refuses it
+                    continue
+                if seen is not key_node:
+                    raise yaml.constructor.ConstructorError(
+                        None, None,
+                        f"duplicate key {key!r} (first on line {seen.start_mark.line + 1})",
+                        key_node.start_mark,
+                    )  # fmt: skip
+
+
 def read_yaml(path: str | Path) -> dict[str, Any]:
-    """The YAML document at ``path`` (a mapping); ConfigError for bad YAML, OSError for
-    an unreadable file."""
+    """The YAML document at ``path`` (a mapping); ConfigError for bad YAML (a duplicate
+    key included), OSError for an unreadable file."""
     try:
-        loaded = yaml.safe_load(Path(path).read_text()) or {}
+        loaded = yaml.load(Path(path).read_text(), Loader=_UniqueKeyLoader) or {}
     except yaml.YAMLError as exc:
         where = getattr(exc, "problem_mark", None)
         line = f" (line {where.line + 1})" if where is not None else ""
