@@ -15,7 +15,7 @@ import pytest
 
 from kvroute.cli import main
 from kvroute.router.app import hide_backend_urls, make_app
-from kvroute.router.config import BackendConfig, backend_public_id, load_config
+from kvroute.router.config import BackendConfig, backend_public_id, load_config, normalize_url
 from kvroute.router.state import STATE
 from tests.router.conftest import Harness, router_config
 
@@ -131,3 +131,90 @@ def test_hiding_rewrites_every_form_of_an_address() -> None:
         f"gone: {backend_public_id('http://10.1.2.3:80')}"
     )
     assert hide_backend_urls(state, "peer 10.0.0.9 reset") == "peer <address> reset"
+
+
+# review 2, finding 6: one engine under several spellings was several backends
+@pytest.mark.parametrize(
+    ("given", "canonical"),
+    [
+        ("http://127.0.0.1:19101", "http://127.0.0.1:19101"),  # canonical: unchanged
+        ("https://engine.internal:8443/v1", "https://engine.internal:8443/v1"),
+        ("http://[::1]:8000", "http://[::1]:8000"),
+        ("http://gpu-a", "http://gpu-a"),
+        (" http://a:8000/ ", "http://a:8000"),
+        ("HTTP://127.0.0.1:19101", "http://127.0.0.1:19101"),
+        ("http://Engine.Internal:8000", "http://engine.internal:8000"),
+        ("http://127.0.0.1:19101/.", "http://127.0.0.1:19101"),
+        ("http://127.0.0.1:19101/./", "http://127.0.0.1:19101"),
+        ("http://127.0.0.1:19101//", "http://127.0.0.1:19101"),
+        ("http://a:1/v1/./", "http://a:1/v1"),
+        ("http://a:1/x/../v1", "http://a:1/v1"),
+        ("http://127.0.0.1:019101", "http://127.0.0.1:19101"),
+        ("http://127.0.0.1:", "http://127.0.0.1"),
+        ("http://[::ffff:127.0.0.1]:19101", "http://127.0.0.1:19101"),
+        ("http://[0:0:0:0:0:0:0:1]:8000", "http://[::1]:8000"),
+        ("http://[FE80::1]:8000", "http://[fe80::1]:8000"),
+    ],
+)
+def test_backend_urls_are_canonical(given: str, canonical: str) -> None:
+    assert normalize_url(given) == canonical
+    assert BackendConfig(url=given).url == canonical
+
+
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [
+        (f"http://127.0.0.1:19101?token={SECRET}", "query string"),
+        ("http://127.0.0.1:19101/?", "query string"),
+        (f"http://127.0.0.1:19101#{SECRET}", "fragment"),
+        ("http://127.0.0.1:99999", "port"),
+        ("http://127.0.0.1:0x1f", "port"),
+        ("http://127.0.0.1:0", "port"),
+    ],
+)
+def test_query_fragment_and_bad_port_are_refused_without_echoing_them(
+    url: str, reason: str
+) -> None:
+    with pytest.raises(ValueError, match=reason) as info:
+        BackendConfig(url=url)
+    assert str(info.value).startswith("backend.url: ") and SECRET not in str(info.value)
+
+
+def test_config_refuses_one_engine_under_two_spellings(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("backends:\n  - url: HTTP://127.0.0.1:19101\n  - url: http://127.0.0.1:19101\n")
+    with pytest.raises(
+        ValueError, match=r"^backends: duplicate backend URL http://127\.0\.0\.1:19101$"
+    ):
+        load_config(cfg)
+    with pytest.raises(ValueError, match=r"^backends: duplicate backend URL"):
+        load_config(backends=["http://127.0.0.1:19101/.", "http://[::ffff:127.0.0.1]:19101"])
+    config = load_config(
+        backends=["HTTP://127.0.0.1:19101/"], kv_events={"http://127.0.0.1:19101": "tcp://h:1"}
+    )
+    assert config.backends[0].url == "http://127.0.0.1:19101"
+    assert config.backends[0].kv_events == "tcp://h:1"
+
+
+async def test_admin_api_finds_one_engine_under_every_spelling(harness: Harness) -> None:
+    a = await harness.backend("a")
+    client = await harness.router([a.url], admin_key=ADMIN)
+    auth = {"Authorization": f"Bearer {ADMIN}"}
+    port = a.url.rsplit(":", 1)[1]
+    for url in (
+        a.url.replace("http://", "HTTP://"),
+        a.url + "/.",
+        a.url.replace(f":{port}", f":0{port}"),
+        a.url.replace("127.0.0.1", "[::ffff:127.0.0.1]"),
+    ):
+        resp = await client.post("/admin/backends", json={"url": url}, headers=auth)
+        assert resp.status == 400, url
+        assert f"backend {a.url} is already present" in (await resp.text())
+    for url in (a.url + "?x=1", a.url + "#f"):
+        resp = await client.post("/admin/backends", json={"url": url}, headers=auth)
+        assert resp.status == 400 and "backend.url" in (await resp.text())
+    drained = {"url": a.url.replace("http://", "HTTP://") + "/", "draining": True}
+    resp = await client.post("/admin/backends/drain", json=drained, headers=auth)
+    assert resp.status == 200 and (await resp.json())["url"] == a.url
+    resp = await client.delete(f"/admin/backends?url={a.url}/.", headers=auth)
+    assert resp.status == 200 and (await resp.json()) == {"removed": a.url}

@@ -21,7 +21,7 @@ from aiohttp import web
 from kvroute.core.params import build
 from kvroute.router.body import read_body
 from kvroute.router.clients import bearer_token
-from kvroute.router.config import BackendConfig
+from kvroute.router.config import BackendConfig, normalize_url
 from kvroute.router.errors import BadRequest, Forbidden, NotFound, Unauthorized
 from kvroute.router.health import probe
 from kvroute.router.state import STATE, RouterState
@@ -57,7 +57,16 @@ async def _url_of(request: web.Request) -> str:
     url = request.query.get("url") or (await _json_object(request)).get("url")
     if not isinstance(url, str) or not url:
         raise BadRequest("'url' is required (JSON body or ?url=)")
-    return url.rstrip("/")
+    return _backend_key(url)
+
+
+def _backend_key(url: str) -> str:
+    """``url`` spelled as backends are keyed (normalize_url: ``HTTP://h:01/`` finds
+    ``http://h:1``); a string that is no backend URL as given, so it finds nothing."""
+    try:
+        return normalize_url(url)
+    except ValueError:
+        return url.rstrip("/")
 
 
 async def handle_list(request: web.Request) -> web.Response:
@@ -152,7 +161,7 @@ async def handle_drain(request: web.Request) -> web.Response:
     draining = body.get("draining", True)
     if not isinstance(draining, bool):
         raise BadRequest("'draining' must be a boolean")
-    url = url.rstrip("/")
+    url = _backend_key(url)
     if state.backends.get(url) is None:
         raise NotFound(f"no backend {url}")
     state.backends.set_draining(url, draining)

@@ -121,7 +121,9 @@ class RouterConfig:
             ok = isinstance(model, str) and isinstance(path, str) and bool(model and path)
             check(ok, "tokenizers", f"entry {model!r}: {path!r} is not model name -> path")
         urls = [b.url for b in self.backends]
-        check(len(urls) == len(set(urls)), "backends", "duplicate backend URL")
+        twice = [u for i, u in enumerate(urls) if u in urls[:i]]
+        if twice:  # after normalize_url, so one engine under two spellings is caught
+            raise ConfigError("backends", f"duplicate backend URL {twice[0]}")
         names = [b.name for b in self.backends if b.name is not None]
         check(len(names) == len(set(names)), "backends", "duplicate backend name")
         keys = [k.key for k in self.client_keys]

@@ -23,12 +23,20 @@ def check(ok: bool, key: str, reason: str) -> None:
 
 
 def normalize_url(url: str) -> str:
-    """A backend URL without trailing slash; ValueError unless http(s)://host[:port].
+    """A backend URL in one spelling per engine; ValueError unless http(s)://host[:port][/path].
 
-    Credentials in the URL are refused: the URL shows up in response headers, the status
-    page, metric labels and error messages, so a secret must travel as ``api_key``.
+    The scheme and host are lower case, an IP literal in its short form (an IPv4-mapped
+    IPv6 address as the IPv4 one), the port a plain number (``:019101`` is ``:19101``; an
+    explicit default port is kept), the path without ``.``/``..`` segments or trailing
+    slashes. So ``HTTP://127.0.0.1:019101/.`` is ``http://127.0.0.1:19101``, and the
+    duplicate checks (config ``backends``, admin add) see one engine as one backend; a URL
+    already in that form comes out unchanged.
+    Credentials, a query string or a fragment are refused: the URL shows up in response
+    headers, the status page, metric labels and error messages, so a secret must travel as
+    ``api_key`` (the message never repeats them).
     """
     parts = urlsplit(url.strip())
+    shown = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}"
     if "@" in parts.netloc:  # userinfo; the message must not repeat the secret
         safe = f"{parts.scheme}://***@{parts.netloc.rpartition('@')[2]}"
         raise ConfigError(
@@ -36,9 +44,41 @@ def normalize_url(url: str) -> str:
             f"credentials in a URL are not allowed ({safe}): "
             "give the key as the backend's api_key instead",
         )
+    check("?" not in url, "backend.url", f"a query string is not allowed ({shown}?...)")
+    check("#" not in url, "backend.url", f"a fragment is not allowed ({shown}#...)")
     check(parts.scheme in ("http", "https"), "backend.url", f"not an http(s) URL: {url!r}")
     check(bool(parts.hostname), "backend.url", f"no host in {url!r}")
-    return url.strip().rstrip("/")
+    try:
+        port = parts.port
+    except ValueError:
+        port = 0
+    check(port != 0, "backend.url", f"port must be a number in 1-65535 in {shown!r}")
+    netloc = _canonical_host(parts.hostname or "") + (f":{port}" if port is not None else "")
+    return f"{parts.scheme}://{netloc}{_canonical_path(parts.path)}"
+
+
+def _canonical_host(host: str) -> str:
+    """``host`` (lower case, as urlsplit gives it) with an IP literal in its short form."""
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return f"[{ip}]" if ip.version == 6 else str(ip)
+
+
+def _canonical_path(path: str) -> str:
+    """``path`` without ``.`` and ``..`` segments (RFC 3986 5.2.4) or trailing slashes."""
+    out: list[str] = []
+    for segment in path.split("/")[1:]:
+        if segment == "..":
+            del out[-1:]
+        elif segment != ".":
+            out.append(segment)
+    while out and not out[-1]:
+        out.pop()
+    return "".join("/" + segment for segment in out)
 
 
 def backend_public_id(url: str) -> str:
