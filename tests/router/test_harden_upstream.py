@@ -378,3 +378,86 @@ async def test_a_prompt_over_1_mib_reaches_the_backend_whole(
     resp = await client.post("/v1/completions", data=io.BytesIO(big))
     assert resp.status == 200, await resp.text()
     assert [r["body"] for r in b.state.requests] == [big]
+
+
+# -- a backend URL that is not an engine's API ---------------------------------------
+
+
+@pytest.fixture
+async def odd_backend() -> AsyncIterator[Any]:
+    """Starts loopback servers answering every POST 200 with a fixed body and type (and
+    every GET 200, so the health probe passes, as a web UI's would)."""
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+
+    servers: list[TestServer] = []
+
+    async def start(body: bytes, content_type: str | None) -> tuple[str, list[int]]:
+        hits: list[int] = []
+
+        async def answer(request: web.Request) -> web.StreamResponse:
+            await request.read()
+            hits.append(1)
+            resp = web.StreamResponse()  # unlabelled: aiohttp sends octet-stream
+            resp.content_length = len(body)
+            if content_type is not None:
+                resp.headers["Content-Type"] = content_type
+            await resp.prepare(request)
+            await resp.write(body)
+            await resp.write_eof()
+            return resp
+
+        async def up(request: web.Request) -> web.Response:
+            return web.Response(text="up")
+
+        app = web.Application()
+        app.router.add_post("/{tail:.*}", answer)
+        app.router.add_get("/{tail:.*}", up)
+        server = TestServer(app, host="127.0.0.1")
+        await server.start_server()
+        servers.append(server)
+        return str(server.make_url("")).rstrip("/"), hits
+
+    yield start
+    for s in servers:
+        await s.close()
+
+
+async def test_a_200_web_page_is_not_relayed_as_a_completion_and_counts_against_it(
+    odd_backend: Any, scripted: Backends, harness: Harness
+) -> None:
+    page, hits = await odd_backend(b"<html>login</html>", "text/html; charset=utf-8")
+    client = await harness.router([page], breaker=BreakerConfig(failure_threshold=2))
+    status, body = await _post(client)
+    assert status == 502
+    assert "text/html" in body["error"]["message"] and "/v1" in body["error"]["message"]
+    await _post(client)
+    state = harness.state(client).backends.get(page)
+    assert state is not None and state.breaker.state is CircuitState.OPEN
+    assert len(hits) == 2
+
+
+async def test_a_web_page_is_retried_on_a_real_engine(
+    odd_backend: Any, scripted: Backends, harness: Harness
+) -> None:
+    page, hits = await odd_backend(b"<html>hi</html>", "text/html")
+    (ok,) = await scripted("ok")
+    client = await harness.router([page, ok.url])
+    for _ in range(2):  # round-robin: one of them starts on the page
+        status, body = await _post(client)
+        assert status == 200 and body["choices"], body
+    assert len(hits) == 1 and len(ok.state.requests) == 2
+
+
+async def test_an_empty_200_is_a_502_and_an_unlabelled_answer_passes(
+    odd_backend: Any, harness: Harness
+) -> None:
+    empty, _ = await odd_backend(b"", "application/json")
+    client = await harness.router([empty])
+    status, body = await _post(client)
+    assert status == 502 and "empty body" in body["error"]["message"]
+    answer = b'{"id": "x", "object": "text_completion", "choices": [{"text": "hi"}]}'
+    plain, _ = await odd_backend(answer, None)
+    client = await harness.router([plain])
+    resp = await client.post("/v1/completions", data=BODY)
+    assert resp.status == 200 and await resp.read() == answer

@@ -133,6 +133,8 @@ async def _relay_whole(
         raise BackendFailed(f"{url}: answer cut: {type(exc).__name__}") from None
     if body is None:
         raise BackendFailed(f"{url} sent an answer over {cap} bytes (limits.max_response_bytes)")
+    if not body and resp.status < 300:  # no completion is empty: never relay it as one
+        raise BackendFailed(f"{url} answered {resp.status} with an empty body")
     # the end of a whole answer is not its first token: no prefill rate is learned from
     # it, and its prefill stays queued until finish (issue 10)
     if resp.status < 300:

@@ -59,7 +59,8 @@ class Deadline:
 class AttemptFailed(Exception):
     """One backend failed before any of its answer was relayed.
 
-    ``cause`` labels the retry metric: "connect" | "503" | "5xx" | "reset" | "timeout".
+    ``cause`` labels the retry metric: "connect" | "503" | "5xx" | "reset" | "timeout" |
+    "not_api" (a 2xx that is neither JSON nor an event stream: a web page, not an engine).
     """
 
     def __init__(
@@ -73,7 +74,7 @@ class AttemptFailed(Exception):
     @property
     def refused(self) -> bool:
         """The backend could not take the request: retry elsewhere, count against it."""
-        return self.cause in ("connect", "503")
+        return self.cause in ("connect", "503", "not_api")
 
     @property
     def delivered(self) -> bool:
@@ -135,7 +136,27 @@ async def open_upstream(
         after = resp.headers.get("Retry-After", "")
         after = after if after.isdigit() and len(after) <= 5 else None  # seconds, sane
         raise AttemptFailed(cause, msg, timeout=resp.status == 504, retry_after=after)
+    if resp.status < 300 and not _is_api_answer(resp):
+        ctype = resp.headers.get("Content-Type", "")[:80]
+        resp.close()
+        raise AttemptFailed(
+            "not_api",
+            f"{url} answered {resp.status} with Content-Type {ctype!r}, not JSON or an event "
+            "stream: is it an OpenAI-compatible server (a URL without /v1)?",
+        )
     return resp
+
+
+# what an engine's success may be labelled: JSON, an event stream, or nothing said
+# (aiohttp reads a missing Content-Type as octet-stream, which some servers also send)
+_API_TYPES = frozenset({"application/json", "text/event-stream", "application/octet-stream"})
+
+
+def _is_api_answer(resp: aiohttp.ClientResponse) -> bool:
+    """A success an engine could have sent. Another type (a login page, a web UI, a
+    proxy's placeholder) means the URL is not the engine's API, whatever the status."""
+    ctype = resp.content_type
+    return ctype in _API_TYPES or ctype.endswith("+json")
 
 
 def _reason(err: OSError) -> str:
