@@ -93,6 +93,27 @@ def test_within_the_limits_everything_decodes_and_reads_in_slices() -> None:
     assert BatchReader(payload, SMALL).read(2) == events[:1]  # one event of two blocks
 
 
+def big_blocks(n: int, block_size: int) -> BlockStored:
+    """One chain of ``n`` blocks of ``block_size`` tokens (distinct ids)."""
+    ids = list(range(1, n * block_size + 1))
+    return BlockStored(list(range(100, 100 + n)), None, ids, block_size)
+
+
+def test_big_blocks_are_read_and_split_by_their_tokens_not_their_count() -> None:
+    """Blocks of 64 tokens are 4 units of work each (16 tokens a unit): a slice of 8 units
+    holds 2 of them, so a batch of huge blocks never holds the loop in one slice."""
+    events: list[KvEvent] = [big_blocks(1, 64) for _ in range(5)]
+    reader = BatchReader(encode_batch(1.0, events))
+    assert [len(reader.read(8)) for _ in range(3)] == [2, 2, 1]
+    parts = list(split_events([big_blocks(6, 64)], 8))
+    assert [len(p[0].block_hashes) for p in parts] == [2, 2, 2]
+    assert [len(p[0].token_ids) for p in parts] == [128, 128, 128]
+    whole, split = EventCacheModel(100), EventCacheModel(100)
+    apply_all(whole, [big_blocks(6, 64)])
+    apply_all(split, [e for p in parts for e in p])
+    assert split.visible == whole.visible and len(whole.visible) == 6
+
+
 def chain_events(draw: st.DrawFn) -> list[KvEvent]:
     """A story of stored chains (each a few segments, parent first) and removals."""
     out: list[KvEvent] = []

@@ -247,6 +247,22 @@ def _num_blocks(event: KvEvent) -> int:
     return 0 if isinstance(event, AllBlocksCleared) else len(event.block_hashes)
 
 
+# work is counted in blocks of this many tokens (vLLM's default block size), so that a
+# slice of big blocks (up to 65,536 tokens each) is as cheap as one of usual blocks
+UNIT_TOKENS = 16
+
+
+def event_work(event: KvEvent) -> int:
+    """What decoding and applying ``event`` costs, in blocks of ``UNIT_TOKENS`` tokens
+    (at least 1: an event without blocks costs something too)."""
+    if isinstance(event, AllBlocksCleared):
+        return 1
+    n = len(event.block_hashes)
+    if isinstance(event, BlockStored):
+        n = max(n, len(event.token_ids) // UNIT_TOKENS)
+    return max(1, n)
+
+
 class BatchReader:
     """One payload's events, decoded on demand (``read``) within ``limits``.
 
@@ -279,9 +295,9 @@ class BatchReader:
         return len(self._raw) - self._next
 
     def read(self, max_blocks: int | None = None) -> list[KvEvent]:
-        """Decode the next events, until they hold ``max_blocks`` blocks (an event without
-        blocks counts as one) or the batch ends; ValueError when one is malformed or the
-        batch exceeds its limits."""
+        """Decode the next events, until their work (``event_work``) reaches ``max_blocks``
+        or the batch ends; ValueError when one is malformed or the batch exceeds its
+        limits."""
         events = []
         work = 0
         while self._next < len(self._raw) and (max_blocks is None or work < max_blocks):
@@ -298,7 +314,7 @@ class BatchReader:
             if self._num_blocks > self.limits.max_blocks:
                 raise ValueError(f"more than {self.limits.max_blocks} blocks in one batch")
             events.append(event)
-            work += max(1, n)
+            work += event_work(event)
         return events
 
 
@@ -311,17 +327,18 @@ def decode_batch(
 
 
 def split_events(events: Sequence[KvEvent], max_blocks: int) -> Iterator[list[KvEvent]]:
-    """``events`` in consecutive parts of at most ``max_blocks`` blocks each (at least one
-    event per part). A longer ``BlockStored`` or ``BlockRemoved`` is cut into pieces: a
-    stored piece names the block before it as its parent, so applying the parts in order
-    is applying the events."""
+    """``events`` in consecutive parts of at most ``max_blocks`` work each (``event_work``:
+    blocks, or ``UNIT_TOKENS`` tokens where blocks are bigger; at least one event per
+    part). A longer ``BlockStored`` or ``BlockRemoved`` is cut into pieces: a stored piece
+    names the block before it as its parent, so applying the parts in order is applying
+    the events."""
     if max_blocks < 1:
         raise ValueError(f"max_blocks must be >= 1, got {max_blocks}")
     part: list[KvEvent] = []
     size = 0
     for event in events:
         for piece in _pieces(event, max_blocks):
-            n = max(1, _num_blocks(piece))
+            n = event_work(piece)
             if part and size + n > max_blocks:
                 yield part
                 part, size = [], 0
@@ -331,13 +348,16 @@ def split_events(events: Sequence[KvEvent], max_blocks: int) -> Iterator[list[Kv
         yield part
 
 
-def _pieces(event: KvEvent, max_blocks: int) -> Iterator[KvEvent]:
-    if isinstance(event, AllBlocksCleared) or len(event.block_hashes) <= max_blocks:
+def _pieces(event: KvEvent, max_work: int) -> Iterator[KvEvent]:
+    if isinstance(event, AllBlocksCleared) or event_work(event) <= max_work:
         yield event
         return
     hashes = event.block_hashes
-    for start in range(0, len(hashes), max_blocks):
-        end = start + max_blocks
+    step = max_work
+    if isinstance(event, BlockStored):  # blocks bigger than a unit: fewer per piece
+        step = max(1, max_work // max(1, event.block_size // UNIT_TOKENS))
+    for start in range(0, len(hashes), step):
+        end = start + step
         if isinstance(event, BlockRemoved):
             yield BlockRemoved(hashes[start:end], event.medium)
             continue
@@ -363,5 +383,6 @@ __all__ = [
     "cache_salt_of",
     "decode_batch",
     "encode_batch",
+    "event_work",
     "split_events",
 ]

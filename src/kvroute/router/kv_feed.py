@@ -29,7 +29,9 @@ longer reaches back.
 
 The request path never waits on events: receiving is ``zmq.asyncio``; a batch is decoded
 a slice of events at a time and applied in parts of at most ``slice_blocks`` blocks
-(``ExactSync.expect_parts``), yielding to the loop between slices.
+(``ExactSync.expect_parts``), yielding to the loop between slices; a block counts as
+its tokens over 16 where it holds more (``event_work``), so an engine with 65,536-token
+blocks cannot hold the loop for a second with one batch.
 
 Hostile or broken input: a message larger than ``max_message_bytes`` is refused by ZMQ
 (``ZMQ_MAXMSGSIZE``: the connection drops, the feed connects again, and the lost batches
