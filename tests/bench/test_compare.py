@@ -76,6 +76,21 @@ def test_a_router_config_goes_to_kvroute_and_may_not_name_backends(tmp_path):
         CompareConfig("gsp", ("kvroute",), router_config=str(good))
 
 
+def test_a_router_config_whose_policy_or_mode_a_router_overrides_is_refused(tmp_path):
+    """kvroute's command line names the router's policy (and kvroute-exact's mode), which
+    win over the file: a file saying otherwise would be ignored without a word."""
+    path = tmp_path / "r.yaml"
+    path.write_text("policy: least_load\n")
+    for router in ("kvroute", "round_robin", "sglang-cache-aware"):
+        with pytest.raises(ValueError, match=f"sets policy: least_load, but the router {router}"):
+            CompareConfig("gsp", ("sglang", router), router_config=str(path))
+    CompareConfig("gsp", ("kvroute:least_load", "sglang"), router_config=str(path))
+    path.write_text("mode: approximate\n")
+    with pytest.raises(ValueError, match="sets mode: approximate"):
+        CompareConfig("gsp", ("kvroute-exact",), router_config=str(path))
+    CompareConfig("gsp", ("kvroute",), router_config=str(path))
+
+
 def test_kvroute_exact_subscribes_to_every_backends_events():
     spec = parse_router("kvroute-exact")
     assert (spec.kind, spec.policy, spec.mode) == ("kvroute", "prefix", "exact")

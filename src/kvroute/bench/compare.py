@@ -81,10 +81,10 @@ class CompareConfig:
         if not self.startup_timeout_s > 0:
             raise ValueError("CompareConfig.startup_timeout_s must be > 0")
         get_profile(self.profile)  # ValueError for an unknown profile, before anything starts
-        for name in self.routers:
-            parse_router(name)  # ValueError for an unknown name, before anything starts
+        # ValueError for an unknown name, before anything starts
+        specs = [parse_router(name) for name in self.routers]
         if self.router_config is not None:
-            check_router_config(self.router_config)
+            check_router_config(self.router_config, specs)
 
 
 @dataclass(slots=True)

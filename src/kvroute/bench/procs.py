@@ -30,6 +30,7 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -149,17 +150,35 @@ def _outside_ephemeral(start: int, stop: int, n: int) -> tuple[int, int]:
 NO_BACKENDS = "the simulated fleet's are used, remove them"
 
 
-def check_router_config(path: str) -> None:
+def check_router_config(path: str, specs: Sequence[RouterSpec] = ()) -> None:
     """A kvroute YAML for a simulated fleet: it must load (ValueError saying what is
-    wrong) and list no backends, since the fleet's are added to it."""
-    from kvroute.router.config import load_config  # the router's config, only when used
+    wrong), list no backends, since the fleet's are added to it, and set no policy or
+    mode that one of the kvroute routers ``specs`` would override."""
+    from kvroute.router.config import load_config, read_yaml  # only when used
 
     try:
         config = load_config(path)
+        raw = read_yaml(path)
     except OSError as exc:
         raise ValueError(f"router config {path}: {exc.strerror or exc}") from None
     if config.backends:
         raise ValueError(f"router config {path} lists backends: {NO_BACKENDS}")
+    for spec in specs:
+        if spec.kind == "kvroute":
+            check_router_owns(raw, spec, path)
+
+
+def check_router_owns(raw: Mapping[str, Any], spec: RouterSpec, path: str) -> None:
+    """The router's name sets its policy and mode: a file saying otherwise would be
+    silently overridden, so it is refused."""
+    for key, value in (("policy", spec.policy), ("mode", spec.mode)):
+        given = raw.get(key)
+        if value is not None and given is not None and given != value:
+            raise ValueError(
+                f"router config {path} sets {key}: {given}, but the router {spec.name} "
+                f"runs {key} {value}: remove {key} from the file, or name the router for it "
+                "(kvroute:POLICY, kvroute-exact)"
+            )
 
 
 def router_command(

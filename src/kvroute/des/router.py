@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvroute.bench.procs import NO_BACKENDS, RouterSpec
+from kvroute.bench.procs import NO_BACKENDS, RouterSpec, check_router_owns
 from kvroute.common.kv_events import KvEvent
 from kvroute.core.fleet import Fleet
 from kvroute.core.load import Ticket
@@ -65,7 +65,7 @@ def router_config(
     args = dict(arg.split("=", 1) for arg in spec.policy_args)
     try:  # the file is read once; one that lists backends adds to the fleet's: refused
         if config_path is not None:
-            _check_router_owns(read_yaml(config_path), spec, config_path)
+            check_router_owns(read_yaml(config_path), spec, config_path)
         config = load_config(
             config_path,
             backends=urls,
@@ -77,19 +77,6 @@ def router_config(
     if len(config.backends) != len(urls):
         raise ValueError(f"router config {config_path} lists backends: {NO_BACKENDS}")
     return config
-
-
-def _check_router_owns(raw: dict[str, Any], spec: RouterSpec, path: str) -> None:
-    """The router's name sets its policy and mode: a file saying otherwise would be
-    silently overridden, so it is refused."""
-    for key, value in (("policy", spec.policy), ("mode", spec.mode)):
-        given = raw.get(key)
-        if value is not None and given is not None and given != value:
-            raise ValueError(
-                f"router config {path} sets {key}: {given}, but the router {spec.name} "
-                f"runs {key} {value}: remove {key} from the file, or name the router for it "
-                "(kvroute:POLICY, kvroute-exact)"
-            )
 
 
 class SimRouter:
