@@ -154,6 +154,10 @@ def test_hiding_rewrites_every_form_of_an_address() -> None:
         ("http://[::ffff:127.0.0.1]:19101", "http://127.0.0.1:19101"),
         ("http://[0:0:0:0:0:0:0:1]:8000", "http://[::1]:8000"),
         ("http://[FE80::1]:8000", "http://[fe80::1]:8000"),
+        ("http://gpu-a:80/v1", "http://gpu-a/v1"),  # the scheme's default port
+        ("https://gpu-a:443", "https://gpu-a"),
+        ("https://gpu-a:80", "https://gpu-a:80"),
+        ("http://gpu-a:443", "http://gpu-a:443"),
     ],
 )
 def test_backend_urls_are_canonical(given: str, canonical: str) -> None:

@@ -26,8 +26,8 @@ def normalize_url(url: str) -> str:
     """A backend URL in one spelling per engine; ValueError unless http(s)://host[:port][/path].
 
     The scheme and host are lower case, an IP literal in its short form (an IPv4-mapped
-    IPv6 address as the IPv4 one), the port a plain number (``:019101`` is ``:19101``; an
-    explicit default port is kept), the path without ``.``/``..`` segments or trailing
+    IPv6 address as the IPv4 one), the port a plain number (``:019101`` is ``:19101``; the
+    scheme's default, 80 or 443, left out as RFC 3986 6.2.3 says), the path without ``.``/``..`` segments or trailing
     slashes. So ``HTTP://127.0.0.1:019101/.`` is ``http://127.0.0.1:19101``, and the
     duplicate checks (config ``backends``, admin add) see one engine as one backend; a URL
     already in that form comes out unchanged.
@@ -53,8 +53,13 @@ def normalize_url(url: str) -> str:
     except ValueError:
         port = 0
     check(port != 0, "backend.url", f"port must be a number in 1-65535 in {shown!r}")
+    if port == _DEFAULT_PORTS[parts.scheme]:
+        port = None
     netloc = _canonical_host(parts.hostname or "") + (f":{port}" if port is not None else "")
     return f"{parts.scheme}://{netloc}{_canonical_path(parts.path)}"
+
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 def _canonical_host(host: str) -> str:
