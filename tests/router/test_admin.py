@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import aiohttp
+import pytest
 
 from tests.conftest import until
 from tests.router.conftest import Harness
@@ -204,3 +206,24 @@ async def test_a_router_without_backends_answers_503_not_404(harness: Harness) -
     assert resp.status == 503
     assert "no backend" in (await resp.json())["error"]["message"]
     assert (await client.get("/health")).status == 503
+
+
+async def test_every_change_to_the_fleet_is_logged_with_who_asked(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    a = await harness.backend("a")
+    b = await harness.backend("b")
+    client = await harness.router([a.url], admin_key=ADMIN)
+    caplog.set_level(logging.INFO, logger="kvroute.router.admin")
+    await client.post("/admin/backends", json={"url": b.url}, headers=_admin())
+    await client.post("/admin/backends/drain", json={"url": b.url}, headers=_admin())
+    await client.post("/admin/backends/drain?url=" + b.url, json={"draining": False},
+                      headers=_admin())  # fmt: skip
+    await client.delete("/admin/backends", json={"url": b.url}, headers=_admin())
+    await client.delete("/admin/backends", json={"url": b.url}, headers=_admin())  # 404
+    await client.post("/admin/backends", json={"url": b.url})  # no key: 401
+    lines = [r.getMessage() for r in caplog.records if r.name == "kvroute.router.admin"]
+    assert lines == [
+        f"admin: {what} backend {b.url} (from 127.0.0.1)"
+        for what in ("added", "drained", "undrained", "removed")
+    ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import fnmatch
 import hmac
 import ipaddress
+import logging
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
@@ -28,6 +29,12 @@ from kvroute.router.state import STATE, RouterState
 from kvroute.router.status import backend_rows
 
 _decode = msgspec.json.Decoder().decode
+log = logging.getLogger(__name__)
+
+
+def _audit(request: web.Request, what: str) -> None:
+    """One INFO line per change to the fleet, naming who asked: an audit trail."""
+    log.info("admin: %s (from %s)", what, request.remote or "unknown")
 
 
 def authorize(request: web.Request) -> RouterState:
@@ -88,6 +95,7 @@ async def handle_add(request: web.Request) -> web.Response:
     if config.name is not None and any(rt.config.name == config.name for rt in state.backends):
         raise BadRequest(f"a backend named {config.name!r} is already present")
     rt = state.add_backend(config)
+    _audit(request, f"added backend {rt.url}")
     await probe(state, rt)
     followed = state.kv is not None and config.kv_events is not None
     return web.json_response(
@@ -148,6 +156,7 @@ async def handle_remove(request: web.Request) -> web.Response:
         state.remove_backend(url)  # its KV-event feed stops too
     except KeyError:
         raise NotFound(f"no backend {url}") from None
+    _audit(request, f"removed backend {url}")
     return web.json_response({"removed": url})
 
 
@@ -165,6 +174,7 @@ async def handle_drain(request: web.Request) -> web.Response:
     if state.backends.get(url) is None:
         raise NotFound(f"no backend {url}")
     state.backends.set_draining(url, draining)
+    _audit(request, f"{'drained' if draining else 'undrained'} backend {url}")
     row = next(r for r in backend_rows(state) if r["url"] == url)
     return web.json_response(
         {"url": url, "draining": draining, "in_flight": row["kvroute_backend_in_flight_requests"]}
