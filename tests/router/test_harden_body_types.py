@@ -179,3 +179,17 @@ async def test_a_text_prompt_beyond_the_context_is_sent_but_not_recorded(harness
     resp = await client.post("/v1/completions", data=json.dumps({"model": "m1", "prompt": "hi"}))
     await resp.read()
     assert_no_load(harness.state(client))
+
+
+@pytest.mark.parametrize(
+    "raw", [b'{"prompt": "\\ud800"}', b'{"model": "m1", "prompt": ["a", "\\uDBFF"]}']
+)
+def test_a_lone_surrogate_escape_is_named_not_called_a_truncated_body(raw: bytes) -> None:
+    with pytest.raises(BadRequest, match="high surrogate") as info:
+        parse_completion(raw, chat=False)
+    assert "truncated" not in str(info.value)
+
+
+def test_a_really_truncated_body_still_says_so() -> None:
+    with pytest.raises(BadRequest, match="truncated"):
+        parse_completion(b'{"prompt": "\\ud800\\udc00', chat=False)

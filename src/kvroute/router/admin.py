@@ -20,7 +20,7 @@ import msgspec
 from aiohttp import web
 
 from kvroute.core.params import build
-from kvroute.router.body import read_body
+from kvroute.router.body import json_error, read_body
 from kvroute.router.clients import bearer_token
 from kvroute.router.config import BackendConfig, normalize_url
 from kvroute.router.errors import BadRequest, Forbidden, NotFound, Unauthorized
@@ -54,7 +54,7 @@ async def _json_object(request: web.Request) -> dict[str, Any]:
     try:
         body = _decode(raw) if raw else {}
     except msgspec.DecodeError as exc:
-        raise BadRequest(f"body is not valid JSON: {exc}") from None
+        raise json_error("body", raw, exc) from None
     if not isinstance(body, dict):
         raise BadRequest("body must be a JSON object")
     return body

@@ -9,6 +9,9 @@ header says.
 
 from __future__ import annotations
 
+import re
+
+import msgspec
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
@@ -63,3 +66,20 @@ async def read_body(request: web.Request, limit: int) -> bytes:
     except (RequestPayloadError, HttpProcessingError):
         what = f"content-encoding {encoding!r}" if encoding else "its headers"
         raise BadRequest(f"the request body is not what {what} says", close=True) from None
+
+
+# a \uD800-\uDBFF escape without the \uDC00-\uDFFF escape that must follow it
+_LONE_HIGH_SURROGATE = re.compile(rb"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F])")
+
+
+def json_error(what: str, raw: bytes, exc: msgspec.DecodeError | UnicodeDecodeError) -> BadRequest:
+    """BadRequest saying why ``raw`` is not JSON. msgspec reports a lone high surrogate
+    escape (``"\\ud800"``) as "Input data was truncated", which sends a client looking
+    for a cut body: say what it is instead."""
+    reason = str(exc)
+    if "truncated" in reason and _LONE_HIGH_SURROGATE.search(raw):
+        reason = (
+            "a \\u escape of a UTF-16 high surrogate (\\ud800-\\udbff) without its low "
+            "surrogate: send the text as UTF-8, or escape a pair"
+        )
+    return BadRequest(f"{what} is not valid JSON: {reason}")

@@ -27,10 +27,10 @@ def normalize_url(url: str) -> str:
 
     The scheme and host are lower case, an IP literal in its short form (an IPv4-mapped
     IPv6 address as the IPv4 one), the port a plain number (``:019101`` is ``:19101``; the
-    scheme's default, 80 or 443, left out as RFC 3986 6.2.3 says), the path without ``.``/``..`` segments or trailing
-    slashes. So ``HTTP://127.0.0.1:019101/.`` is ``http://127.0.0.1:19101``, and the
-    duplicate checks (config ``backends``, admin add) see one engine as one backend; a URL
-    already in that form comes out unchanged.
+    scheme's default, 80 or 443, left out as RFC 3986 6.2.3 says), the path without
+    ``.``/``..`` segments or trailing slashes. So ``HTTP://127.0.0.1:019101/.`` is
+    ``http://127.0.0.1:19101``, and the duplicate checks (config ``backends``, admin add)
+    see one engine as one backend; a URL already in that form comes out unchanged.
     Credentials, a query string or a fragment are refused: the URL shows up in response
     headers, the status page, metric labels and error messages, so a secret must travel as
     ``api_key`` (the message never repeats them).

@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 
 from kvroute.core.keys import Prompt, PromptError, prompt_of
+from kvroute.router.body import json_error
 from kvroute.router.errors import BadRequest
 
 _decode = msgspec.json.Decoder().decode
@@ -86,7 +87,7 @@ def _decode_checked(raw: bytes) -> Any:
     except RecursionError:
         raise _too_deep() from None
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+        raise json_error("request body", raw, exc) from None
     if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and _nests_deeper(body, MAX_JSON_DEPTH):
         raise _too_deep()
     return body
