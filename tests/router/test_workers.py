@@ -15,6 +15,8 @@ import os
 import re
 import signal
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -29,7 +31,13 @@ from kvroute.core.fleet import Fleet
 from kvroute.core.policy.base import RouteRequest
 from kvroute.router.app import build_fleet
 from kvroute.router.worker_sync import BusSpec, FleetBus
-from kvroute.router.workers import WORKER_HEADER, SupervisorConfig, reserve_port
+from kvroute.router.workers import (
+    BUS_DIR_PREFIX,
+    WORKER_HEADER,
+    SupervisorConfig,
+    reserve_port,
+    sweep_stale_bus_dirs,
+)
 from tests.conftest import until
 
 ADMIN_KEY = "workers-test"
@@ -393,3 +401,19 @@ async def test_fleet_bus_records_no_blocks_of_a_prompt_the_engine_will_refuse(
         await until(lambda: not buses[1].peers[0].shadows)
         for fleet in fleets:
             fleet.check_invariants()
+
+
+def test_bus_folders_of_dead_supervisors_are_swept_and_nothing_else(tmp_path: Path) -> None:
+    """A supervisor killed with SIGKILL leaves its ipc folder; the next one removes it."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # reaped: its pid names no process now (reuse within the test is unlikely)
+    stale = tmp_path / f"{BUS_DIR_PREFIX}{dead.pid}-abc"
+    live = tmp_path / f"{BUS_DIR_PREFIX}{os.getpid()}-abc"
+    names = [f"{BUS_DIR_PREFIX}{dead.pid}", f"{dead.pid}-abc", "kvroute-cost-1-x",
+             f"{BUS_DIR_PREFIX}x{dead.pid}-abc"]  # fmt: skip
+    others = [tmp_path / name for name in names]
+    for folder in (stale, live, *others):
+        folder.mkdir()
+    (stale / "bus-0.ipc").write_text("")
+    assert sweep_stale_bus_dirs(str(tmp_path)) == [str(stale)]
+    assert not stale.exists() and live.exists() and all(p.exists() for p in others)

@@ -60,6 +60,35 @@ WORKER_HEADER = "x-kvroute-worker"
 BUS_JOIN_TIMEOUT_S = 10.0  # a worker reports ready without its peers after this long
 
 
+BUS_DIR_PREFIX = "kvroute-workers-"  # + the supervisor's pid + "-" + mkdtemp's suffix
+
+
+def sweep_stale_bus_dirs(folder: str) -> list[str]:
+    """Remove the bus folders (ipc sockets only) of supervisors that are gone: one killed
+    with SIGKILL could not remove its own. Returns the paths removed."""
+    removed = []
+    for entry in os.scandir(folder):
+        pid_text, sep, _ = entry.name.removeprefix(BUS_DIR_PREFIX).partition("-")
+        named = entry.name.startswith(BUS_DIR_PREFIX) and sep and pid_text.isdigit()
+        if not named or not entry.is_dir(follow_symlinks=False):
+            continue
+        if entry.stat().st_uid != os.getuid() or _alive(int(pid_text)):
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        removed.append(entry.path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True  # someone else's, or not a pid we can judge: leave it
+    return True
+
+
 @dataclass(frozen=True, slots=True)
 class SupervisorConfig:
     """How the supervisor runs and restarts its workers."""
@@ -224,7 +253,8 @@ class Supervisor:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, self.request_stop)
         if self.sup.share_decisions and len(self.slots) > 1:
-            self._bus_dir = tempfile.mkdtemp(prefix="kvroute-workers-")
+            sweep_stale_bus_dirs(tempfile.gettempdir())
+            self._bus_dir = tempfile.mkdtemp(prefix=f"{BUS_DIR_PREFIX}{os.getpid()}-")
         try:
             admin_reserved, admin = self._reserve_admin_port()
             for slot in self.slots:
