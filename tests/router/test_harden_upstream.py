@@ -461,3 +461,23 @@ async def test_an_empty_200_is_a_502_and_an_unlabelled_answer_passes(
     client = await harness.router([plain])
     resp = await client.post("/v1/completions", data=BODY)
     assert resp.status == 200 and await resp.read() == answer
+
+
+async def test_a_stream_closed_cleanly_before_done_ends_with_an_error_event(
+    odd_backend: Any, harness: Harness
+) -> None:
+    """The OpenAI SDKs stop at the end of a stream without a word: a cut answer must say
+    it is cut, as a dropped connection's does."""
+    cut = b'data: {"choices": [{"index": 0, "text": "Hel"}]}\n\n'
+    url, _ = await odd_backend(cut, "text/event-stream")
+    client = await harness.router([url])
+    resp = await client.post("/v1/completions", data=STREAM)
+    assert resp.status == 200  # the first byte went out before the end was known
+    text = (await resp.read()).decode()
+    events = [e.removeprefix("data: ") for e in text.split("\n\n") if e]
+    assert events[0] == cut.decode().strip().removeprefix("data: ")
+    assert json.loads(events[1])["error"]["code"] == "backend_failed"
+    assert "ended before [DONE]" in json.loads(events[1])["error"]["message"]
+    assert events[2:] == ["[DONE]"]
+    metrics = await (await client.get("/metrics")).text()
+    assert f'kvroute_midstream_failures_total{{backend="{url}"}} 1.0' in metrics

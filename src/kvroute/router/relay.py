@@ -17,8 +17,9 @@ One ``asyncio.timeout`` guards a stream's loop: before a read its deadline is th
 by the total deadline), before a write the total deadline. A stream silent for the idle
 gap goes on while the engine is alive and working (``_keep_waiting``), up to
 ``timeouts.stall_s``. A backend failure after the first byte ends the stream with an SSE
-error event and ``[DONE]``, never a retry. A client that goes away closes the upstream
-response, so the engine aborts the request.
+error event and ``[DONE]``, never a retry; so does a stream the backend closes cleanly
+before its ``[DONE]`` (every OpenAI-compatible engine ends with one). A client that goes
+away closes the upstream response, so the engine aborts the request.
 
 Neither a cut body nor a slow one counts against the backend's circuit: either may be
 what this request caused (health probes tell a dead backend apart). Only a stream cut
@@ -262,6 +263,11 @@ async def _relay_stream(
         state.metrics.midstream_failures.labels(url).inc()
         await _write_sse_error(out, exc, relay.tail)
         return False, out
+    if not relay.last.rstrip().endswith(b"[DONE]"):  # a clean close, but not an end
+        state.metrics.midstream_failures.labels(url).inc()
+        await _write_sse_error(out, _EndedEarly(f"{url}: the stream ended before [DONE]"),
+                               relay.tail)  # fmt: skip
+        return False, out
     _learn_usage(state, ticket, plan, _stream_usage(relay.last))
     try:
         await out.write_eof()
@@ -322,6 +328,11 @@ class _Cut(Exception):
     """The router ends a silent stream; the message says why (sent in the SSE error)."""
 
 
+class _EndedEarly(Exception):
+    """The backend closed its stream cleanly without ``[DONE]``: the answer is cut, and a
+    client (the OpenAI SDKs stop reading at the end quietly) must be told."""
+
+
 def _keep_waiting(state: RouterState, url: str, silent_s: float) -> float:
     """How much longer to wait for a stream silent ``silent_s`` (>= idle_s); _Cut if not.
 
@@ -378,6 +389,8 @@ def error_note(exc: BaseException) -> dict[str, Any]:
     """The OpenAI error object of the SSE error event sent after the first byte."""
     if isinstance(exc, _Cut):  # the codes of the answers before the first byte
         return {"message": str(exc), "type": "api_error", "code": BackendTimeout.code}
+    if isinstance(exc, _EndedEarly):
+        return {"message": str(exc), "type": "api_error", "code": BackendFailed.code}
     msg = f"backend failed mid-stream: {type(exc).__name__}"
     return {"message": msg, "type": "api_error", "code": BackendFailed.code}
 
