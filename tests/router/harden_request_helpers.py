@@ -19,7 +19,8 @@ async def assert_bad_request(resp: Any, needle: str) -> None:
     """A 400 in the OpenAI error shape whose message contains ``needle``."""
     assert resp.status == 400, await resp.text()
     payload = await resp.json()
-    assert set(payload) == {"error"} and set(payload["error"]) == {"message", "type", "code"}
+    assert set(payload) == {"error"}
+    assert set(payload["error"]) == {"message", "type", "param", "code"}
     assert payload["error"]["code"] == "bad_request"
     assert needle in payload["error"]["message"]
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from kvroute.router.config import LimitConfig
@@ -86,11 +88,46 @@ async def test_malformed_request_gets_openai_error(
     assert resp.status == status
     payload = await resp.json()
     assert set(payload) == {"error"}
-    assert set(payload["error"]) == {"message", "type", "code"}
+    assert set(payload["error"]) == {"message", "type", "param", "code"}  # OpenAI's shape
     assert payload["error"]["code"] == code
     assert payload["error"]["message"]
+    assert resp.headers["x-request-id"]  # errors are traced like answers
     assert not b.state.requests  # nothing malformed reached the backend
     ok = await client.post("/v1/completions", data=b'{"model": "m1", "prompt": "x"}')
     assert ok.status == 200  # the router is still healthy
     metrics = await client.get("/metrics")
     assert f'status="{status}"' in await metrics.text()
+
+
+async def test_errors_carry_the_request_id_and_5xx_are_logged_with_it(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A failed request is traced like an answered one: the client's x-request-id (or
+    one of the router's) comes back, and the log line of a 5xx names it."""
+    b = await harness.backend("a")
+    client = await harness.router([b.url])
+    mine = {"x-request-id": "client-xyz-1"}
+    for path, body in (("/v1/completions", b"{"), ("/v1/nowhere", b"{}")):
+        resp = await client.post(path, data=body, headers=mine)
+        assert resp.status in (400, 404) and resp.headers["x-request-id"] == "client-xyz-1"
+    resp = await client.post("/v1/completions", data=b"{")
+    assert resp.headers["x-request-id"]  # one of ours
+    await b.close()  # the only backend refuses connections now: a 502
+    caplog.set_level(logging.WARNING, logger="kvroute.router")
+    body = b'{"model": "m1", "prompt": "x"}'
+    resp = await client.post("/v1/completions", data=body, headers=mine)
+    assert resp.status in (502, 503) and resp.headers["x-request-id"] == "client-xyz-1"
+    assert any(
+        r.getMessage().startswith(f"request client-xyz-1: {resp.status} ") for r in caplog.records
+    )
+
+
+async def test_an_endpoint_the_router_does_not_serve_says_which_it_does(
+    harness: Harness,
+) -> None:
+    b = await harness.backend("a")
+    client = await harness.router([b.url])
+    resp = await client.post("/v1/embeddings", json={"model": "m1", "input": "x"})
+    assert resp.status == 404
+    message = (await resp.json())["error"]["message"]
+    assert "/v1/embeddings" in message and "/v1/chat/completions" in message

@@ -83,7 +83,7 @@ async def test_unknown_model_is_404(harness: Harness) -> None:
     assert resp.status == 404
     body = await resp.json()
     assert body["error"]["code"] == "model_not_found"
-    assert set(body["error"]) == {"message", "type", "code"}
+    assert set(body["error"]) == {"message", "type", "param", "code"}
     assert not b.state.requests
 
 

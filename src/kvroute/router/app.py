@@ -39,6 +39,7 @@ from kvroute.router.metrics import (
     SessionCollector,
 )
 from kvroute.router.proxy import CHAT_PATH, COMPLETIONS_PATH, handle_chat, handle_completions
+from kvroute.router.route_request import new_request_id
 from kvroute.router.scraper import scrape_loop
 from kvroute.router.state import NOTE, STATE, RequestNote, RouterState
 from kvroute.router.status import backend_rows, handle_status_page
@@ -53,6 +54,8 @@ _HTTP_ERRORS = {
     413: ("invalid_request_error", "request_too_large"),
 }
 
+
+_API_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/models")
 
 # probes, scrapes and admin calls are not API requests
 _UNCOUNTED_PATHS = frozenset({"/health", "/metrics", "/"})
@@ -200,12 +203,24 @@ def make_session(config: RouterConfig) -> aiohttp.ClientSession:
     )
 
 
-def _error_response(status: int, message: str, error_type: str, code: str) -> web.Response:
+def _error_response(
+    status: int, message: str, error_type: str, code: str, request_id: str
+) -> web.Response:
     return web.Response(
         body=error_bytes(message, error_type, code),
         status=status,
         content_type="application/json",
+        headers={"x-request-id": request_id},  # as every answer has: errors are traced too
     )
+
+
+def _request_id(request: web.Request) -> str:
+    """The request's id (the client's x-request-id, else one of ours), also when it failed
+    before the router read it."""
+    note = request[NOTE]
+    if not note.request_id:
+        note.request_id = request.headers.get("x-request-id") or new_request_id()
+    return note.request_id
 
 
 @web.middleware
@@ -220,10 +235,13 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return response
     except KvrouteError as exc:
         status = exc.status
+        rid = _request_id(request)
+        if status >= 500:  # the router's or a backend's failure: the operator's to see
+            log.warning("request %s: %d %s: %s", rid, status, exc.code, exc.message)
         message = exc.message
         if not state.config.expose_backend_urls:
             message = hide_backend_urls(state, message)
-        response = _error_response(exc.status, message, exc.error_type, exc.code)
+        response = _error_response(exc.status, message, exc.error_type, exc.code, rid)
         response.headers.update(exc.headers)
         if exc.close:
             response.force_close()  # says "Connection: close" instead of a silent hang-up
@@ -234,13 +252,18 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         status = exc.status
         error_type, code = _HTTP_ERRORS.get(exc.status, ("invalid_request_error", "http_error"))
         message = f"{exc.reason}: {request.method} {request.path}"
-        return _error_response(exc.status, message, error_type, code)
+        if exc.status == 404 and request.path.startswith("/v1/"):
+            message += f" (kvroute serves {', '.join(_API_PATHS)})"
+        return _error_response(exc.status, message, error_type, code, _request_id(request))
     except asyncio.CancelledError:
         status = 499  # client closed the connection (nginx's convention)
         raise
     except Exception:
-        log.exception("unhandled error on %s %s", request.method, request.path)
-        return _error_response(500, "internal router error", "internal_error", "internal_error")
+        rid = _request_id(request)
+        log.exception("request %s: unhandled error on %s %s", rid, request.method, request.path)
+        return _error_response(
+            500, "internal router error", "internal_error", "internal_error", rid
+        )
     finally:
         if request.path not in _UNCOUNTED_PATHS and not request.path.startswith("/admin/"):
             state.metrics.count_request(status, note.backend, note.reason)

@@ -2,7 +2,7 @@
 
 Every failure the router reports to a client is a ``KvrouteError`` subclass carrying its
 HTTP status, OpenAI error ``type`` and ``code``; one middleware (``router/app.py``) turns
-it into ``{"error": {"message", "type", "code"}}``. Leaves also subclass the matching
+it into ``{"error": {"message", "type", "param", "code"}}``. Leaves also subclass the matching
 builtin (``TimeoutError``, ``ConnectionError``) so callers can catch at either level.
 """
 
@@ -35,8 +35,9 @@ class KvrouteError(Exception):
 
 
 def error_body(message: str, error_type: str, code: str | int) -> dict[str, Any]:
-    """The OpenAI error shape."""
-    return {"error": {"message": message, "type": error_type, "code": code}}
+    """The OpenAI error shape (``param``: the field at fault; the router names it in the
+    message, as vLLM does, and sends null like OpenAI for the rest)."""
+    return {"error": {"message": message, "type": error_type, "param": None, "code": code}}
 
 
 def error_bytes(message: str, error_type: str, code: str | int) -> bytes:
