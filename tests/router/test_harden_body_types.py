@@ -193,3 +193,13 @@ def test_a_lone_surrogate_escape_is_named_not_called_a_truncated_body(raw: bytes
 def test_a_really_truncated_body_still_says_so() -> None:
     with pytest.raises(BadRequest, match="truncated"):
         parse_completion(b'{"prompt": "\\ud800\\udc00', chat=False)
+
+
+def test_the_decode_cap_is_read_as_vllm_reads_it() -> None:
+    chat = b'{"messages": [{"role": "user", "content": "x"}], '
+    both = parse_completion(chat + b'"max_tokens": 3, "max_completion_tokens": 5}', chat=True)
+    assert both.max_tokens == 5
+    # a completion has no max_completion_tokens: vLLM ignores it, so does the router
+    plain = parse_completion(b'{"prompt": "x", "max_tokens": 2, "max_completion_tokens": 0}',
+                             chat=False)  # fmt: skip
+    assert plain.max_tokens == 2

@@ -31,12 +31,17 @@ async def test_huge_max_tokens_never_takes_a_backend_out_of_routing(harness: Har
     load was taken): one backend was never chosen again and /metrics answered 500."""
     b1, b2 = await harness.backend("b1"), await harness.backend("b2")
     client = await harness.router([b1.url, b2.url], policy="least_load")
+    chat = {"model": "m1", "messages": [{"role": "user", "content": "p"}]}
     huge = [
-        {**OK_BODY, "prompt": f"p{i}", field: 10**308}
+        (path, {**body, "user": f"p{i}", field: 10**308})
         for i in range(8)
-        for field in ("max_tokens", "max_completion_tokens")
+        for path, body, field in (
+            ("/v1/completions", OK_BODY, "max_tokens"),
+            ("/v1/chat/completions", chat, "max_tokens"),
+            ("/v1/chat/completions", chat, "max_completion_tokens"),
+        )
     ]
-    resps = await asyncio.gather(*(client.post("/v1/completions", json=b) for b in huge))
+    resps = await asyncio.gather(*(client.post(path, json=b) for path, b in huge))
     for resp in resps:
         await assert_bad_request(resp, "at most")
     assert not b1.state.requests and not b2.state.requests

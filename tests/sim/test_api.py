@@ -79,6 +79,17 @@ async def test_chat_completion_counts_the_rendered_template(fleet, session):
     assert body["usage"]["prompt_tokens"] == len(default_tokenizer().encode(render_chat(CHAT)))
 
 
+async def test_a_chats_max_completion_tokens_wins_and_a_completion_reads_max_tokens(fleet, session):
+    """vLLM's reading: ``max_completion_tokens or max_tokens`` for a chat; a completion
+    has no max_completion_tokens (vLLM ignores the field there)."""
+    chat = {"messages": CHAT, "max_tokens": 3, "max_completion_tokens": 5}
+    status, body = await post(session, fleet.urls[0] + "/v1/chat/completions", chat)
+    assert status == 200 and body["usage"]["completion_tokens"] == 5
+    plain = {"prompt": "x y", "max_tokens": 2, "max_completion_tokens": 0}
+    status, body = await post(session, fleet.urls[0] + "/v1/completions", plain)
+    assert status == 200 and body["usage"]["completion_tokens"] == 2
+
+
 async def test_streaming_chat_sends_role_first_then_content_deltas(fleet, session):
     events = await stream_events(session, fleet.urls[0] + "/v1/chat/completions", {
         "messages": CHAT, "max_completion_tokens": 3, "stream": True,

@@ -115,10 +115,11 @@ def _nests_deeper(body: Any, limit: int) -> bool:
 
 
 def _max_tokens(body: dict[str, Any], chat: bool) -> tuple[int, str | None]:
-    """(the decode cap, the field that set it): ``max_completion_tokens`` wins when both
-    are set, and both are checked."""
+    """(the decode cap, the field that set it), as vLLM reads it: a chat's
+    ``max_completion_tokens`` wins over its ``max_tokens`` (both checked); a completion
+    has only ``max_tokens`` (vLLM ignores the other there)."""
     found: tuple[int, str | None] = (DEFAULT_MAX_TOKENS[chat], None)
-    for name in ("max_tokens", "max_completion_tokens"):
+    for name in ("max_tokens", "max_completion_tokens") if chat else ("max_tokens",):
         value = body.get(name)
         if value is None:
             continue

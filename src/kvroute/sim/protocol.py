@@ -147,18 +147,19 @@ def _completion_ids(prompt: Any, tokenizer: Tokenizer) -> list[int]:
 
 
 def _max_tokens(body: dict[str, Any], chat: bool) -> int:
-    key = "max_tokens"
-    value = body.get(key)
-    if value is None and chat:
-        key = "max_completion_tokens"
+    """The decode cap as vLLM reads it: a chat's ``max_completion_tokens`` wins over its
+    ``max_tokens`` (both checked); a completion has only ``max_tokens``."""
+    cap = DEFAULT_MAX_TOKENS
+    for key in ("max_tokens", "max_completion_tokens") if chat else ("max_tokens",):
         value = body.get(key)
-    if value is None:
-        return DEFAULT_MAX_TOKENS
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ApiError(f"'{key}' must be an integer", param=key)
-    if value < 1:
-        raise ApiError(f"{key} must be at least 1, got {value}.", param=key)
-    return value
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ApiError(f"'{key}' must be an integer", param=key)
+        if value < 1:
+            raise ApiError(f"{key} must be at least 1, got {value}.", param=key)
+        cap = value
+    return cap
 
 
 def _check_length(num_prompt: int, max_tokens: int, max_model_len: int) -> None:
