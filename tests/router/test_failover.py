@@ -98,6 +98,8 @@ async def test_no_healthy_backend_gives_503(harness: Harness) -> None:
     resp = await client.post("/v1/completions", data=BODY)
     assert resp.status == 503
     assert (await resp.json())["error"]["code"] == "no_healthy_backend"
+    # the next health probe (the harness probes hourly): capped at a minute
+    assert resp.headers["Retry-After"] == "60"
     health = await client.get("/health")
     assert health.status == 503
 

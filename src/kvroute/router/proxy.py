@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 
 from aiohttp import web
 
@@ -194,7 +195,11 @@ def _final_error(
 ) -> KvrouteError:
     if last is None:
         what = f"model '{req.model}'" if req.model else "this request"
-        return NoHealthyBackend(f"no healthy backend can serve {what}")
+        # a backend comes back at a health probe: that is when trying again makes sense
+        after = str(min(60, max(1, math.ceil(state.config.health.interval_s))))
+        return NoHealthyBackend(
+            f"no healthy backend can serve {what}", headers={"Retry-After": after}
+        )
     err = last.to_client_error()
     if len(tried) > 1:
         err.message = f"{len(tried)} backends tried; last: {err.message}"
