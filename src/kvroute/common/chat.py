@@ -12,7 +12,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
+import xxhash
+
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+
+
+_encode_sorted = msgspec.json.Encoder(order="sorted").encode
 
 
 class ChatFormatError(ValueError):
@@ -36,9 +42,11 @@ def content_text(content: Any, where: str) -> str:
                     raise ChatFormatError(f"{where}.content[{i}].text must be a string")
                 texts.append(text)
             else:
-                # Non-text parts (images, audio) are represented by their type so that
-                # they still separate the text around them deterministically.
-                texts.append(f"<{part['type']}>")
+                # a non-text part (an image, audio) stands as its type and a digest of
+                # the part: two different images are two prompts, as in the engine's
+                # cache (vLLM keys such blocks by the media's hash too)
+                digest = xxhash.xxh3_64_hexdigest(_encode_sorted(part))
+                texts.append(f"<{part['type']}:{digest}>")
         return "".join(texts)
     raise ChatFormatError(f"{where}.content must be a string, a list of parts or null")
 
