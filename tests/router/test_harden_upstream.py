@@ -201,17 +201,24 @@ async def test_an_answer_under_max_response_bytes_passes_whole(
 # -- finding 10: big prompts are keyed off the event loop -----------------------------
 
 
-async def test_the_default_body_limit_fits_a_1m_token_prompt_not_more(
+async def test_the_default_body_limit_fits_a_20_mb_inline_image_not_more(
     scripted: Backends, harness: Harness
 ) -> None:
+    """OpenAI takes images of up to 20 MB, inline as base64 (27 MB of text)."""
     (b,) = await scripted("ok")
     client = await harness.router([b.url], limits=LimitConfig(retry_backoff_s=0.0))
-    assert LimitConfig().max_body_bytes == 4 << 20
-    over = b'{"model": "m1", "prompt": "' + b"a" * (4 << 20) + b'"}'
+    assert LimitConfig().max_body_bytes == 32 << 20
+    image = "data:image/png;base64," + "A" * (20_000_000 * 4 // 3)
+    parts = [{"type": "text", "text": "what is this?"},
+             {"type": "image_url", "image_url": {"url": image}}]  # fmt: skip
+    chat = {"model": "m1", "messages": [{"role": "user", "content": parts}], "max_tokens": 2}
+    resp = await client.post("/v1/chat/completions", data=io.BytesIO(json.dumps(chat).encode()))
+    assert resp.status == 200 and len(b.state.requests) == 1
+    over = b'{"model": "m1", "prompt": "' + b"a" * (32 << 20) + b'"}'
     resp = await client.post("/v1/completions", data=io.BytesIO(over))  # chunked
     assert resp.status == 413
     assert (await resp.json())["error"]["code"] == "request_too_large"
-    assert not b.state.requests
+    assert len(b.state.requests) == 1
 
 
 async def test_a_big_exact_mode_prompt_is_keyed_while_the_router_keeps_answering(

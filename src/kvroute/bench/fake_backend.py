@@ -285,7 +285,7 @@ async def _metrics(request: web.Request) -> web.Response:
 
 
 def make_fake_app(state: FakeState) -> web.Application:
-    app = web.Application(client_max_size=16 << 20)  # prompts of megabytes, as vLLM takes
+    app = web.Application(client_max_size=64 << 20)  # prompts of megabytes, inline images
     app[STATE] = state
     app.router.add_post("/v1/completions", _completions)
     app.router.add_post("/v1/chat/completions", _completions)

@@ -183,10 +183,11 @@ class LimitConfig:
 
     SECTION: ClassVar[str] = "limits"
 
-    # larger request bodies get 413. A 1M-token context is about 4 MB of text (~4 bytes a
-    # token), the largest prompt a served model takes today; more only costs parse and
-    # keying time (and memory) per request
-    max_body_bytes: int = param(4 * 1024 * 1024, ge=1024)
+    # larger request bodies get 413. A 1M-token text prompt is about 4 MB (~4 bytes a
+    # token), but images travel inline as base64 data URLs (OpenAI takes 20 MB an image,
+    # vLLM sets no limit): 32 MiB holds one such image or a few photos; more only costs
+    # parse and keying time (and memory) per request
+    max_body_bytes: int = param(32 * 1024 * 1024, ge=1024)
     max_connections: int = param(1024, ge=1)  # pooled upstream connections in total
     max_connections_per_backend: int = param(256, ge=1)  # pooled upstream connections each
     max_attempts: int = param(3, ge=1, le=16)  # backends tried per request before 502/503
