@@ -33,8 +33,9 @@ log = logging.getLogger(__name__)
 
 
 def _audit(request: web.Request, what: str) -> None:
-    """One INFO line per change to the fleet, naming who asked: an audit trail."""
-    log.info("admin: %s (from %s)", what, request.remote or "unknown")
+    """One line per change to the fleet, naming who asked: an audit trail, at WARNING so
+    that the default log level (WARNING) keeps it."""
+    log.warning("admin: %s (from %s)", what, request.remote or "unknown")
 
 
 def authorize(request: web.Request) -> RouterState:
