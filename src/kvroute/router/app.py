@@ -27,6 +27,7 @@ from kvroute.router import admin
 from kvroute.router.backends import Backends
 from kvroute.router.clients import ClientGate
 from kvroute.router.config import RouterConfig, backend_public_id
+from kvroute.router.cors import Cors
 from kvroute.router.errors import KvrouteError, error_bytes
 from kvroute.router.health import health_loop, make_probe_session, probe_all
 from kvroute.router.kv_subscriber import KvEventSubscriber
@@ -131,9 +132,10 @@ def make_app(
     metrics.add_collector(ProcessCollector(lambda: state.num_in_flight))
     metrics.add_collector(SessionCollector(lambda: fleet.num_sessions(clock())))
     metrics.add_collector(ReuseCollector(fleet.reuse))
+    cors = Cors(config.server.cors_origins) if config.server.cors_origins else None
     app = web.Application(
         client_max_size=config.limits.max_body_bytes,
-        middlewares=[error_middleware, listener_middleware],
+        middlewares=[*([cors.preflight] if cors else []), error_middleware, listener_middleware],
     )
     app[STATE] = state
     app.router.add_post(COMPLETIONS_PATH, handle_completions)
@@ -144,6 +146,8 @@ def make_app(
     app.router.add_get("/", handle_status_page)
     admin.add_routes(app)
     app.on_response_prepare.append(server_header)
+    if cors is not None:
+        app.on_response_prepare.append(cors.stamp)
     if not config.expose_backend_urls:
         app.on_response_prepare.append(_hide_backend_header)
     app.cleanup_ctx.append(_lifecycle)

@@ -104,6 +104,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         help="hosts the admin API may add as backends (repeatable): a CIDR "
         "such as 10.0.0.0/8 or a name glob such as *.engines.internal",
     )
+    p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                   help="a browser origin that may call the API (repeatable; '*' for any, "
+                   "vLLM's default); none: no CORS")  # fmt: skip
     p.add_argument("--workers", type=int, default=1, metavar="N",
                    help="router processes sharing the port via SO_REUSEPORT (default 1); "
                    "see docs/deploy.md")  # fmt: skip
@@ -153,6 +156,8 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
                      "max_client_connections", "admin_port", "admin_host", "metrics_auth")
         if getattr(args, name) is not None
     }  # fmt: skip
+    if args.cors_origin:
+        server_flags["cors_origins"] = tuple(args.cors_origin)
     if not server_flags:
         return config
     return replace(config, server=replace(config.server, **server_flags))

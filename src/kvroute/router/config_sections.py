@@ -93,6 +93,20 @@ def backend_public_id(url: str) -> str:
     return "b-" + hashlib.sha256(url.encode()).hexdigest()[:8]
 
 
+def _cors_origin(origin: object) -> str:
+    """An origin as browsers send it (``scheme://host[:port]``, lower case), or ``*``."""
+    key = "server.cors_origins"
+    check(isinstance(origin, str) and bool(origin.strip()), key, f"not an origin: {origin!r}")
+    text = str(origin).strip().lower().rstrip("/")
+    if text == "*":
+        return text
+    parts = urlsplit(text)
+    ok = parts.scheme in ("http", "https") and bool(parts.hostname) and not parts.path
+    check(ok and not (parts.query or parts.fragment or "@" in parts.netloc), key,
+          f"{origin!r} is not an origin: scheme://host[:port], or *")  # fmt: skip
+    return text
+
+
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 
 
@@ -274,10 +288,15 @@ class ServerConfig:
     admin_port: int | None = param(None, ge=0, le=65535)
     admin_host: str | None = None  # the admin listener's address; None: same as host
     metrics_auth: bool = False  # "/" and "/metrics" also need the admin key (bearer)
+    # browser origins that may call the API (CORS; router/cors.py): "https://app.example"
+    # or "*" for any (vLLM's default); empty: no CORS headers, preflights 405
+    cors_origins: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         check_ranges(self, self.SECTION)
         check(self.admin_host is None or bool(self.admin_host), "server.admin_host", "empty")
+        origins = tuple(_cors_origin(o) for o in self.cors_origins)
+        object.__setattr__(self, "cors_origins", origins)
 
     @property
     def has_admin_listener(self) -> bool:
