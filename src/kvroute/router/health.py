@@ -1,8 +1,10 @@
 """Active health checks and model discovery, one background loop per app.
 
 Every ``interval_s`` each backend gets ``GET /health`` and, when healthy,
-``GET /v1/models``; results go to ``Backends.record_probe`` / ``set_models``, which tell
-the Fleet. The loop also ticks time-driven circuit transitions. It never touches load
+``GET /v1/models``; an engine without ``/health`` (a 404: Ollama) is healthy when its
+``/v1/models`` answers a model list. Results go to ``Backends.record_probe`` /
+``set_models``, which tell the Fleet. The loop also ticks time-driven circuit
+transitions. It never touches load
 counters (a known fault of other routers is a health loop that zeroes them).
 
 Probes and scrapes use their own connection pool (``make_probe_session``), never the
@@ -77,11 +79,16 @@ async def probe(state: RouterState, rt: BackendRuntime) -> None:
             await read_capped(r, path, PROBE_MAX_BYTES)
             ok = r.status == 200
             error = None if ok else f"/health answered {r.status}"
-        if ok:
+            # no /health at all (Ollama): a model list that answers is the health signal
+            no_health = r.status == 404
+        if ok or no_health:
             path = "/v1/models"
             cards = await _models(session, rt.url, timeout, headers)
             if cards is not None:
                 state.backends.set_models(rt.url, cards)
+            elif no_health:
+                error = "/health answered 404 and /v1/models gave no model list"
+            ok = ok or cards is not None
     except BodyTooLarge as exc:
         ok, error = False, str(exc)
     except (aiohttp.ClientError, OSError, TimeoutError) as exc:
