@@ -17,3 +17,21 @@ async def test_an_engine_without_health_is_healthy_by_its_model_list(harness: Ha
     resp = await client.post("/v1/completions", data=BODY)
     assert resp.status == 200
     assert (await client.get("/health")).status == 200
+
+
+async def test_an_overloaded_429_is_retried_on_another_backend_like_a_503(
+    harness: Harness,
+) -> None:
+    """TGI answers a full replica 429 {"error": "Model is overloaded", "error_type":
+    "overloaded"} (router/src/server.rs): another replica may have room."""
+    full, free = await harness.backend("full"), await harness.backend("free")
+    full.state.fail_status, full.state.fail_retry_after = 429, "2"
+    client = await harness.router([full.url, free.url])
+    for _ in range(4):  # round-robin: half of them start on the full one
+        resp = await client.post("/v1/completions", data=BODY)
+        assert resp.status == 200 and resp.headers["x-kvroute-backend"] == free.url
+    assert len(full.state.requests) == 2 and len(free.state.requests) == 4
+    free.state.fail_status, free.state.fail_retry_after = 429, "2"
+    resp = await client.post("/v1/completions", data=BODY)  # every replica full
+    assert resp.status == 503 and resp.headers["Retry-After"] == "2"
+    assert "answered 429" in (await resp.json())["error"]["message"]

@@ -1,7 +1,8 @@
 """Opening one upstream request: connect, send the original bytes, wait for the headers.
 
 Failures before any of the answer was relayed become ``AttemptFailed``. Only those that
-say the backend could not take the request (``refused``: a connect error, a 503) are
+say the backend could not take the request (``refused``: a connect error, a 503 or
+429, a 2xx that is no API answer) are
 retried on another backend and count against its circuit; the rest (another 5xx, a
 dropped connection, a timeout) may be what this body caused, so they go back to the
 client and blame no backend.
@@ -105,10 +106,11 @@ async def open_upstream(
     headers: Mapping[str, str],
     deadline: Deadline,
 ) -> aiohttp.ClientResponse:
-    """POST ``body`` to ``url`` once; the response once its headers arrived (status < 500).
+    """POST ``body`` to ``url`` once; the response once its headers arrived (status < 500,
+    not 429).
 
     Raises AttemptFailed on a connect error, a dropped connection, no headers before
-    ``deadline`` or a 5xx (whose body is read, bounded, into the message). The caller
+    ``deadline``, a 429 or a 5xx (whose body is read, bounded, into the message). The caller
     owns and must close the response.
     """
     try:
@@ -128,10 +130,11 @@ async def open_upstream(
         raise AttemptFailed(
             "reset", f"{url}: connection failed before answering: {type(exc).__name__}: {exc}"
         ) from None
-    if resp.status >= 500:
+    if resp.status >= 500 or resp.status == 429:
         detail = await _error_detail(resp)
-        # a gateway's 504 in front of the engine is a timeout; other 5xx a failure
-        cause = "503" if resp.status == 503 else "5xx"
+        # a gateway's 504 in front of the engine is a timeout; other 5xx a failure; a 429
+        # is an engine saying it is full (TGI's "Model is overloaded"), as a 503 does
+        cause = "503" if resp.status in (503, 429) else "5xx"
         msg = f"{url} answered {resp.status}: {detail}"
         after = resp.headers.get("Retry-After", "")
         after = after if after.isdigit() and len(after) <= 5 else None  # seconds, sane
