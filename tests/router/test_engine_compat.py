@@ -3,6 +3,13 @@ kvroute must probe, retry, read usage and end streams right with each."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
 from tests.router.conftest import Harness
 
 BODY = b'{"model": "m1", "prompt": "hello", "max_tokens": 2}'
@@ -35,3 +42,72 @@ async def test_an_overloaded_429_is_retried_on_another_backend_like_a_503(
     resp = await client.post("/v1/completions", data=BODY)  # every replica full
     assert resp.status == 503 and resp.headers["Retry-After"] == "2"
     assert "answered 429" in (await resp.json())["error"]["message"]
+
+
+@pytest.fixture
+async def canned() -> AsyncIterator[Any]:
+    """Starts loopback engines answering POSTs with the given JSON answers in turn."""
+    servers: list[TestServer] = []
+
+    async def start(answers: list[dict[str, Any]]) -> str:
+        queue = list(answers)
+
+        async def answer(request: web.Request) -> web.Response:
+            await request.read()
+            return web.json_response(queue.pop(0))
+
+        async def models(request: web.Request) -> web.Response:
+            return web.json_response({"object": "list", "data": [{"id": "m1"}]})
+
+        async def health(request: web.Request) -> web.Response:
+            return web.Response()
+
+        app = web.Application()
+        app.router.add_post("/v1/completions", answer)
+        app.router.add_get("/v1/models", models)
+        app.router.add_get("/health", health)
+        server = TestServer(app, host="127.0.0.1")
+        await server.start_server()
+        servers.append(server)
+        return str(server.make_url("")).rstrip("/")
+
+    yield start
+    for s in servers:
+        await s.close()
+
+
+def _answer(usage: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    choice = {"index": 0, "text": "ok", "finish_reason": "length"}
+    return {"object": "text_completion", "choices": [choice], "usage": usage, **extra}
+
+
+async def _reported(harness: Harness, client: Any, url: str, n: int) -> tuple[int, int]:
+    for i in range(n):  # ~500 tokens by the router's estimate: the counts are under it
+        body = {"model": "m1", "prompt": f"{i} " + "hello " * 300, "max_tokens": 2}
+        resp = await client.post("/v1/completions", json=body)
+        assert resp.status == 200
+    (fs,) = [s for s in harness.state(client).fleet.backend_states() if s.url == url]
+    return fs.num_reported, fs.reported_hit_tokens
+
+
+async def test_sglang_leaves_out_a_zero_cached_count_and_it_is_read_as_a_miss(
+    canned: Any, harness: Harness
+) -> None:
+    """SGLang with --enable-cache-report sends prompt_tokens_details only when cached > 0
+    (entrypoints/openai/usage_processor.py): the misses must count, or the reported hit
+    rate is the hits' alone."""
+    plain = {"prompt_tokens": 300, "completion_tokens": 2, "total_tokens": 302}
+    hit = {**plain, "prompt_tokens_details": {"cached_tokens": 288}}
+    url = await canned([_answer(plain), _answer(hit), _answer(plain), _answer(hit)])
+    client = await harness.router([url])
+    # the first miss comes before the backend showed it reports counts: not counted
+    assert await _reported(harness, client, url, 4) == (3, 576)
+
+
+async def test_llama_cpp_timings_cache_n_is_its_cached_count(canned: Any, harness: Harness) -> None:
+    """llama.cpp before PR #19361 gave the cached prompt tokens only as timings.cache_n
+    (tools/server/server-task.cpp)."""
+    plain = {"prompt_tokens": 300, "completion_tokens": 2, "total_tokens": 302}
+    url = await canned([_answer(plain, timings={"cache_n": 277, "prompt_n": 23})])
+    client = await harness.router([url])
+    assert await _reported(harness, client, url, 1) == (1, 277)

@@ -59,6 +59,9 @@ class BackendRuntime:
     # headers sent upstream on every request (api key); built once
     auth_header: str | None = None
     engine: EngineMetrics | None = None  # last scraped engine gauges and counters
+    # an answer of it reported cached prompt tokens once: from then on an answer with
+    # usage but no count is a miss (SGLang's cache report leaves the field out at 0)
+    reports_cached: bool = False
 
     @property
     def url(self) -> str:

@@ -49,12 +49,31 @@ _encode = msgspec.json.Encoder().encode
 
 
 class _Usage(msgspec.Struct):
-    """An answer's ``usage`` alone: every other field is skipped, not built."""
+    """An answer's ``usage`` (and llama.cpp's ``timings``) alone: every other field is
+    skipped, not built."""
 
     usage: Any = None
+    timings: Any = None
 
 
-_decode_usage = msgspec.json.Decoder(_Usage).decode
+_decode_answer = msgspec.json.Decoder(_Usage).decode
+
+
+def _decode_usage(data: bytes) -> Any:
+    """The answer's usage in OpenAI's shape: llama.cpp before its PR #19361 gave the
+    cached prompt tokens only as ``timings.cache_n``, moved here into
+    ``prompt_tokens_details``."""
+    answer = _decode_answer(data)
+    usage, timings = answer.usage, answer.timings
+    if (
+        isinstance(usage, dict)
+        and isinstance(timings, dict)
+        and not isinstance(usage.get("prompt_tokens_details"), dict)
+    ):
+        cached = timings.get("cache_n")
+        if _is_int(cached):
+            usage = {**usage, "prompt_tokens_details": {"cached_tokens": cached}}
+    return usage
 
 
 def _headers(
@@ -139,7 +158,9 @@ async def _relay_whole(
     # the end of a whole answer is not its first token: no prefill rate is learned from
     # it, and its prefill stays queued until finish (issue 10)
     if resp.status < 300:
-        _learn_usage(state, ticket, plan, _whole_usage(body, plan))
+        rt = state.backends.get(url)
+        reports = rt is not None and rt.reports_cached
+        _learn_usage(state, ticket, plan, _whole_usage(body, plan, reports))
     state.metrics.of(url).ttft.observe(state.clock() - request[NOTE].t0)
     return True, web.Response(body=body, status=resp.status, headers=headers)
 
@@ -199,16 +220,19 @@ async def _read_capped(resp: aiohttp.ClientResponse, cap: int) -> bytes | None:
     return b"".join(parts)
 
 
-def _whole_usage(body: bytes, plan: AnswerPlan) -> Any:
+def _whole_usage(body: bytes, plan: AnswerPlan, reports_cached: bool = False) -> Any:
     """A whole answer's ``usage``, when it may say something the router uses: cached
-    tokens, or prompt tokens of a text prompt (decoded only then)."""
-    wanted = b'"cached_tokens"' in body or (
-        plan.text_bytes is not None and b'"prompt_tokens"' in body
+    tokens (or their absence, from a backend that reports them), or prompt tokens of a
+    text prompt (decoded only then)."""
+    wanted = (
+        b'"cached_tokens"' in body
+        or b'"cache_n"' in body
+        or ((plan.text_bytes is not None or reports_cached) and b'"prompt_tokens"' in body)
     )
     if not wanted:
         return None
     try:
-        return _decode_usage(body).usage
+        return _decode_usage(body)
     except msgspec.DecodeError:  # not JSON, or not an object: nothing to learn
         return None
 
@@ -220,8 +244,13 @@ def _learn_usage(state: RouterState, ticket: Ticket, plan: AnswerPlan, usage: An
         return
     details = usage.get("prompt_tokens_details")
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    rt = state.backends.get(ticket.url)
     if _is_int(cached):
+        if rt is not None:
+            rt.reports_cached = True
         state.fleet.record_cached_tokens(ticket, cached)
+    elif rt is not None and rt.reports_cached and _is_int(usage.get("prompt_tokens")):
+        state.fleet.record_cached_tokens(ticket, 0)  # the field left out on a miss
     prompt_tokens = usage.get("prompt_tokens")
     if plan.text_bytes is not None and _is_int(prompt_tokens):
         state.fleet.observe_prompt_tokens(plan.model, plan.text_bytes, prompt_tokens)
@@ -375,7 +404,7 @@ def _stream_usage(tail: bytes) -> Any:
     for event in reversed(tail.split(b"\n\n")):
         if b'"prompt_tokens"' in event and event.startswith(b"data:"):
             try:
-                return _decode_usage(event[5:]).usage
+                return _decode_usage(event[5:])
             except msgspec.DecodeError:
                 return None
     return None
