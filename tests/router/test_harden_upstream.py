@@ -488,3 +488,18 @@ async def test_a_stream_closed_cleanly_before_done_ends_with_an_error_event(
     assert events[2:] == ["[DONE]"]
     metrics = await (await client.get("/metrics")).text()
     assert f'kvroute_midstream_failures_total{{backend="{url}"}} 1.0' in metrics
+
+
+async def test_a_stream_that_ends_on_the_engines_own_error_event_gets_only_done(
+    odd_backend: Any, harness: Harness
+) -> None:
+    """llama.cpp ends a failed stream with its error event and no [DONE]
+    (tools/server/server-context.cpp): the client needs the [DONE], not a second error."""
+    chunk = b'data: {"choices": [{"index": 0, "text": "Hel"}]}\n\n'
+    error = b'data: {"error": {"code": 500, "message": "boom", "type": "server_error"}}\n\n'
+    url, _ = await odd_backend(chunk + error, "text/event-stream")
+    client = await harness.router([url])
+    resp = await client.post("/v1/completions", data=STREAM)
+    text = (await resp.read()).decode()
+    events = [e for e in text.split("\n\n") if e]
+    assert events == [chunk.decode().strip(), error.decode().strip(), "data: [DONE]"]

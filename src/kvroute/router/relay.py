@@ -294,8 +294,11 @@ async def _relay_stream(
         return False, out
     if not relay.last.rstrip().endswith(b"[DONE]"):  # a clean close, but not an end
         state.metrics.midstream_failures.labels(url).inc()
-        await _write_sse_error(out, _EndedEarly(f"{url}: the stream ended before [DONE]"),
-                               relay.tail)  # fmt: skip
+        if _ends_with_error(relay.last):  # the engine said why (llama.cpp): only end it
+            await _write_done(out, relay.tail)
+        else:
+            await _write_sse_error(out, _EndedEarly(f"{url}: the stream ended before [DONE]"),
+                                   relay.tail)  # fmt: skip
         return False, out
     _learn_usage(state, ticket, plan, _stream_usage(relay.last))
     try:
@@ -427,8 +430,23 @@ def error_note(exc: BaseException) -> dict[str, Any]:
 async def _write_sse_error(out: web.StreamResponse, exc: BaseException, tail: bytes) -> None:
     sep = b"" if tail.endswith(b"\n\n") else b"\n\n"
     event = sep + b"data: " + _encode({"error": error_note(exc)}) + b"\n\ndata: [DONE]\n\n"
+    await _write_last(out, event)
+
+
+async def _write_done(out: web.StreamResponse, tail: bytes) -> None:
+    await _write_last(out, (b"" if tail.endswith(b"\n\n") else b"\n\n") + b"data: [DONE]\n\n")
+
+
+async def _write_last(out: web.StreamResponse, data: bytes) -> None:
     try:
-        await out.write(event)
+        await out.write(data)
         await out.write_eof()
     except (ConnectionError, aiohttp.ClientConnectionError):
         pass  # the client left too; nothing more to tell it
+
+
+def _ends_with_error(tail: bytes) -> bool:
+    """Whether the stream's last event is an error event (``data: {"error": ...}``)."""
+    events = tail.replace(b"\r\n", b"\n").rstrip().split(b"\n\n")
+    last = events[-1].removeprefix(b"data:").lstrip()
+    return last.startswith(b'{"error"')
