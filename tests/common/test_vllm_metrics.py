@@ -105,3 +105,41 @@ def test_odd_values_on_the_page_are_ignored_not_raised() -> None:
     assert s.num_gpu_blocks is None
     assert s.block_size == 16
     assert s.prefix_cache_hits == 400.0
+
+
+@pytest.mark.parametrize(
+    ("page", "running", "waiting", "usage"),
+    [
+        (  # SGLang with --enable-metrics (docs: references/production_metrics)
+            "# TYPE sglang:num_running_reqs gauge\n"
+            'sglang:num_running_reqs{model_name="m1"} 5.0\n'
+            "# TYPE sglang:num_queue_reqs gauge\n"
+            'sglang:num_queue_reqs{model_name="m1"} 2.0\n'
+            "# TYPE sglang:token_usage gauge\n"
+            'sglang:token_usage{model_name="m1"} 0.5\n',
+            5,
+            2,
+            0.5,
+        ),
+        (  # llama.cpp's llama-server with --metrics (tools/server/server-context.cpp)
+            "# TYPE llamacpp:requests_processing gauge\nllamacpp:requests_processing 1\n"
+            "# TYPE llamacpp:requests_deferred gauge\nllamacpp:requests_deferred 3\n",
+            1,
+            3,
+            None,
+        ),
+        (  # TGI (reference/metrics)
+            "# TYPE tgi_queue_size gauge\ntgi_queue_size 4\n"
+            "# TYPE tgi_batch_current_size gauge\ntgi_batch_current_size 8\n",
+            8,
+            4,
+            None,
+        ),
+    ],
+    ids=["sglang", "llama.cpp", "tgi"],
+)
+def test_other_engines_load_gauges_are_read(
+    page: str, running: int, waiting: int, usage: float | None
+) -> None:
+    m = parse_vllm_metrics(page)
+    assert (m.num_running, m.num_waiting, m.kv_cache_usage) == (running, waiting, usage)

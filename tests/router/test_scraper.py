@@ -70,3 +70,18 @@ async def test_metrics_export_loop_tasks_and_requests_in_flight(harness: Harness
     tasks = [line for line in lines if line.startswith("kvroute_event_loop_tasks ")]
     assert len(tasks) == 1 and float(tasks[0].split()[1]) >= 1
     assert "kvroute_in_flight_requests 0.0" in lines
+
+
+async def test_a_page_without_any_load_gauge_kvroute_reads_says_so(harness: Harness) -> None:
+    """A /metrics that answers 200 with other names (an engine kvroute does not know)
+    leaves the engine's load unknown: the scrape reports it, as a failed one, once."""
+    from kvroute.router.scraper import scrape
+
+    b = await harness.backend("a")
+    b.state.metrics_text = "# TYPE other_engine_running gauge\nother_engine_running 3\n"
+    client = await harness.router([b.url])
+    state = harness.state(client)
+    rt = state.backends.get(b.url)
+    assert rt is not None
+    error = await scrape(state, rt)
+    assert error is not None and "no load gauge" in error and "sglang:" in error

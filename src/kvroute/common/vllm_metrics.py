@@ -1,4 +1,5 @@
-"""vLLM's ``/metrics`` page: the few series kvroute reads, under every name vLLM used.
+"""vLLM's ``/metrics`` page: the few series kvroute reads, under every name vLLM used
+(and the load gauges of SGLang, llama.cpp and TGI under theirs).
 
 One parser for the router's scraper (load and cache size of each backend) and for the
 benchmarks (engine-measured hit rate, block size). Pure: text in, numbers out.
@@ -30,10 +31,22 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
-# each quantity's sample names, newest first: the first one a page has is read
-RUNNING = ("vllm:num_requests_running",)
-WAITING = ("vllm:num_requests_waiting",)
-KV_CACHE_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+# each quantity's sample names, newest first: the first one a page has is read. The
+# load gauges of other engines follow vLLM's: SGLang (--enable-metrics), llama.cpp's
+# llama-server (--metrics; no KV usage gauge) and TGI, each exporting only its own
+RUNNING = (
+    "vllm:num_requests_running",
+    "sglang:num_running_reqs",
+    "llamacpp:requests_processing",
+    "tgi_batch_current_size",
+)
+WAITING = (
+    "vllm:num_requests_waiting",
+    "sglang:num_queue_reqs",
+    "llamacpp:requests_deferred",
+    "tgi_queue_size",
+)
+KV_CACHE_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage")
 PREFIX_CACHE_QUERIES = ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total")
 PREFIX_CACHE_HITS = ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")
 PROMPT_TOKENS = ("vllm:prompt_tokens_total",)

@@ -1,4 +1,4 @@
-"""Metrics scraper: reads each backend's vLLM gauges and feeds Fleet.update_engine_stats.
+"""Metrics scraper: reads each backend's engine gauges and feeds Fleet.update_engine_stats.
 
 Runs in the background, never on the request path. The page is parsed by
 ``kvroute.common.vllm_metrics`` (the names vLLM exports, old and new), the parser the
@@ -12,7 +12,7 @@ import logging
 
 import aiohttp
 
-from kvroute.common.vllm_metrics import EngineMetrics, parse_vllm_metrics
+from kvroute.common.vllm_metrics import RUNNING, EngineMetrics, parse_vllm_metrics
 from kvroute.router.backends import BackendRuntime
 from kvroute.router.health import METRICS_MAX_BYTES, BodyTooLarge, probe_headers, read_capped
 from kvroute.router.state import RouterState
@@ -46,6 +46,8 @@ async def scrape(state: RouterState, rt: BackendRuntime) -> str | None:
     # that turning unroutable has just cleared
     if state.backends.get(rt.url) is rt and rt.routable:
         apply_sample(state, rt, sample)
+    if sample.num_running is None and sample.num_waiting is None:  # said once, as failures
+        return f"/metrics has no load gauge kvroute reads ({', '.join(RUNNING)})"
     return None
 
 
