@@ -222,7 +222,9 @@ class HealthConfig:
     SECTION: ClassVar[str] = "health"
 
     interval_s: float = param(5.0, gt=0, le=3600)  # GET /health and /v1/models this often
-    timeout_s: float = param(2.0, gt=0, le=60)  # per probe
+    # per probe: SGLang's /health runs a one-token generation and polls it each second,
+    # so it takes >= 1 s and more under load (sglang-router and vllm-router wait 5 s too)
+    timeout_s: float = param(5.0, gt=0, le=60)
     unhealthy_after: int = param(2, ge=1)  # consecutive failed probes -> unhealthy
     healthy_after: int = param(1, ge=1)  # consecutive good probes -> healthy again
     scrape_interval_s: float = param(2.0, ge=0, le=3600)  # GET /metrics this often; 0: off
