@@ -143,3 +143,18 @@ def test_other_engines_load_gauges_are_read(
 ) -> None:
     m = parse_vllm_metrics(page)
     assert (m.num_running, m.num_waiting, m.kv_cache_usage) == (running, waiting, usage)
+
+
+def test_sglangs_token_counters_are_its_prefix_cache_queries_and_hits() -> None:
+    """sglang:prompt_tokens_total and sglang:cached_tokens_total (one series per
+    cache_source: device, host, storage), observability/metrics_collector.py."""
+    page = (
+        "# TYPE sglang:prompt_tokens counter\n"
+        'sglang:prompt_tokens_total{model_name="m1"} 1000.0\n'
+        'sglang:prompt_tokens_created{model_name="m1"} 1.7e9\n'
+        "# TYPE sglang:cached_tokens counter\n"
+        'sglang:cached_tokens_total{model_name="m1",cache_source="device"} 300.0\n'
+        'sglang:cached_tokens_total{model_name="m1",cache_source="host"} 100.0\n'
+    )
+    m = parse_vllm_metrics(page)
+    assert (m.prefix_cache_queries, m.prefix_cache_hits) == (1000.0, 400.0)

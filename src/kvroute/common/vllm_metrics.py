@@ -47,8 +47,18 @@ WAITING = (
     "tgi_queue_size",
 )
 KV_CACHE_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage")
-PREFIX_CACHE_QUERIES = ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total")
-PREFIX_CACHE_HITS = ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")
+# SGLang's counters of every prompt token and of the cached ones (summed over its
+# cache_source label: device, host, storage) are its queries and hits
+PREFIX_CACHE_QUERIES = (
+    "vllm:prefix_cache_queries_total",
+    "vllm:gpu_prefix_cache_queries_total",
+    "sglang:prompt_tokens_total",
+)
+PREFIX_CACHE_HITS = (
+    "vllm:prefix_cache_hits_total",
+    "vllm:gpu_prefix_cache_hits_total",
+    "sglang:cached_tokens_total",
+)
 PROMPT_TOKENS = ("vllm:prompt_tokens_total",)
 PREEMPTIONS = ("vllm:num_preemptions_total",)
 CACHE_CONFIG_INFO = "vllm:cache_config_info"
