@@ -17,6 +17,7 @@ from kvroute.common.kv_events import (
     KvEventLimits,
     decode_batch,
     encode_batch,
+    event_work,
     split_events,
 )
 from kvroute.core.config import FleetConfig
@@ -241,3 +242,27 @@ def test_all_exact_views_together_stay_under_the_index_cap():
     assert fleet.is_exact(URL_A) and not fleet.is_exact(URL_B)
     assert fleet.index.num_entries <= 20
     fleet.check_invariants()
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.integers(1, 6), min_size=1, max_size=5),  # blocks per chain
+    st.sampled_from([16, 32, 64, 256]),  # tokens per block
+    st.integers(1, 20),  # work per part
+)
+def test_big_block_chains_split_by_work_apply_as_the_whole(
+    chains: list[int], block_size: int, max_work: int
+) -> None:
+    events: list[KvEvent] = []
+    for c, n in enumerate(chains):
+        ids = [c * 10_000 + i for i in range(n * block_size)]
+        events.append(BlockStored(list(range(c * 100, c * 100 + n)), None, ids, block_size))
+    parts = list(split_events(events, max_work))
+    for part in parts:  # within the budget, or one piece of one block that alone is over it
+        assert sum(event_work(e) for e in part) <= max_work or (
+            len(part) == 1 and len(part[0].block_hashes) == 1  # type: ignore[union-attr]
+        )
+    whole, split = EventCacheModel(1000), EventCacheModel(1000)
+    apply_all(whole, events)
+    apply_all(split, [e for p in parts for e in p])
+    assert split.visible == whole.visible
