@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from aiohttp import web
+from aiohttp.http import HttpVersion11
 from aiohttp.http_exceptions import ContentEncodingError, LineTooLong
 from aiohttp.web_protocol import RequestHandler
 
@@ -103,8 +104,13 @@ def make_request_handler(server: web.Server) -> RequestHandler:
 
 
 async def server_header(request: web.Request, response: web.StreamResponse) -> None:
-    """An on_response_prepare hook: every response names kvroute, not its stack."""
+    """An on_response_prepare hook: every response names kvroute, not its stack; an
+    HTTP/1.0 answer of no known length (a stream) closes its connection, the only end
+    an HTTP/1.0 client can see (aiohttp 3.14 keeps a keep-alive one open after it: the
+    client waited for the keep-alive timeout)."""
     response.headers["Server"] = SERVER_HEADER
+    if request.version < HttpVersion11 and response.content_length is None:
+        response.force_close()
 
 
 def is_operator_path(path: str) -> bool:

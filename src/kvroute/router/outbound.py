@@ -5,8 +5,10 @@ upstream as a stream and comes back as one assembled body (router/assemble.py), 
 first token is seen as a streaming request's is (``assemble_non_streaming``). Requests
 it cannot be done for faithfully (``assembly_blocker``), and other engines (their stream
 format and stream options are not known to match), get the original bytes. The headers
-carry the router's request id, the backend's key (or, with no router keys, the
-client's), and the client's address in X-Forwarded-For.
+ask for no content coding (the router reads the answer) and carry the router's request
+id, the backend's key (or, with no router keys, the client's), the client's address in
+X-Forwarded-For, and of the client's own headers only those an engine may use and that
+carry no secret of the router's: Accept, User-Agent and the W3C trace context.
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ from kvroute.router.state import RouterState
 # engines (a model card's "owned_by") whose stream is assembled for non-streaming clients:
 # their chunks and whole answers were checked to match (vLLM, and the simulator)
 ASSEMBLE_OWNERS = frozenset({"vllm"})
+
+# client headers sent on as they came: what the engine's logs and traces join on (vLLM
+# and SGLang export OpenTelemetry spans under the caller's traceparent)
+FORWARDED_HEADERS = ("User-Agent", "traceparent", "tracestate", "baggage")
 
 
 class OutboundBody:
@@ -75,10 +81,11 @@ def outbound_headers(
     headers = {
         "Content-Type": "application/json",
         "x-request-id": rid,
-        "Accept-Encoding": h.get("Accept-Encoding", "identity"),
+        # the router reads every answer (usage, [DONE], errors) and may end a stream with
+        # its own event: an engine's gzip would hide the first and be corrupted by the last
+        "Accept-Encoding": "identity",
     }
-    if plan.assembled:  # the router reads this stream: plain SSE
-        headers["Accept-Encoding"] = "identity"
+    if plan.assembled:  # the router reads this stream as SSE
         headers["Accept"] = "text/event-stream"
     rt = state.backends.get(url)
     auth = rt.auth_header if rt is not None else None
@@ -89,6 +96,10 @@ def outbound_headers(
     accept = h.get("Accept")
     if accept and not plan.assembled:
         headers["Accept"] = accept
+    for name in FORWARDED_HEADERS:
+        value = h.get(name)
+        if value is not None:
+            headers[name] = value
     peer = request.remote
     if peer:
         # a client's own X-Forwarded-For is dropped unless it came through a trusted proxy

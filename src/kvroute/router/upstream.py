@@ -180,4 +180,10 @@ async def _error_detail(resp: aiohttp.ClientResponse) -> str:
 
 
 def copy_response_headers(resp: aiohttp.ClientResponse) -> dict[str, str]:
-    return {k: v for k, v in resp.headers.items() if k.lower() not in SKIP_RESPONSE_HEADERS}
+    """The answer's end-to-end headers: also without those its Connection header names,
+    which are hop-by-hop for that one connection (RFC 9110 section 7.6.1)."""
+    skip = SKIP_RESPONSE_HEADERS
+    connection = resp.headers.get("Connection")
+    if connection:
+        skip = skip | {t.strip().lower() for t in connection.split(",")}
+    return {k: v for k, v in resp.headers.items() if k.lower() not in skip}

@@ -1,0 +1,153 @@
+"""HTTP on both sides of the router as the RFCs and real clients and engines have it:
+HTTP/1.0 clients, compressing engines, hop-by-hop headers, trace context."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from tests.router.conftest import Harness
+
+STREAM = b'{"model": "m1", "prompt": "hello", "max_tokens": 2, "stream": true}'
+BODY = b'{"model": "m1", "prompt": "hello", "max_tokens": 2}'
+CHUNK = b'data: {"object": "text_completion", "choices": [{"index": 0, "text": "ok"}]}\n\n'
+
+Answer = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[Callable[[Answer], Awaitable[tuple[str, list[Any]]]]]:
+    """Starts a loopback engine whose completions answer is ``answer``; returns its URL
+    and the list of the headers each completion request came with."""
+    servers: list[TestServer] = []
+
+    async def start(answer: Answer) -> tuple[str, list[Any]]:
+        seen: list[Any] = []
+
+        async def completions(request: web.Request) -> web.StreamResponse:
+            await request.read()
+            seen.append(request.headers.copy())
+            return await answer(request)
+
+        async def models(request: web.Request) -> web.Response:
+            return web.json_response({"object": "list", "data": [{"id": "m1"}]})
+
+        app = web.Application()
+        app.router.add_post("/v1/completions", completions)
+        app.router.add_get("/v1/models", models)
+        app.router.add_get("/health", models)
+        server = TestServer(app, host="127.0.0.1")
+        await server.start_server()
+        servers.append(server)
+        return str(server.make_url("")).rstrip("/"), seen
+
+    yield start
+    for s in servers:
+        await s.close()
+
+
+async def _sse(request: web.Request) -> web.StreamResponse:
+    out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    out.enable_compression()  # gzip when the request's Accept-Encoding allows it
+    await out.prepare(request)
+    await out.write(CHUNK)
+    await out.write(b"data: [DONE]\n\n")
+    await out.write_eof()
+    return out
+
+
+async def test_an_http10_keep_alive_client_sees_a_stream_end(harness: Harness) -> None:
+    """An HTTP/1.0 answer of no length ends only when the connection closes: the router
+    kept a keep-alive one open, so the client hung until the keep-alive timeout (75 s)."""
+    b = await harness.backend()
+    client = await harness.router([b.url])
+    reader, writer = await asyncio.open_connection("127.0.0.1", client.port)
+    writer.write(
+        b"POST /v1/completions HTTP/1.0\r\nHost: x\r\nConnection: keep-alive\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(STREAM), STREAM)
+    )
+    try:
+        data = await asyncio.wait_for(reader.read(), 10)  # to EOF: the end of the answer
+    finally:
+        writer.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.0 200") and b"Transfer-Encoding" not in head
+    assert body.rstrip().endswith(b"data: [DONE]")
+
+
+async def test_an_http10_whole_answer_keeps_its_connection(harness: Harness) -> None:
+    b = await harness.backend()
+    client = await harness.router([b.url])
+    reader, writer = await asyncio.open_connection("127.0.0.1", client.port)
+    request = (
+        b"POST /v1/completions HTTP/1.0\r\nHost: x\r\nConnection: keep-alive\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(BODY), BODY)
+    )
+    try:
+        for _ in range(2):  # a second request on the same connection is answered too
+            writer.write(request)
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            assert head.startswith(b"HTTP/1.0 200")
+            length = int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0])
+            assert b'"choices"' in await reader.readexactly(length)
+    finally:
+        writer.close()
+
+
+async def test_a_compressing_engine_is_asked_for_plain_answers(
+    harness: Harness, engine: Any
+) -> None:
+    """The client's Accept-Encoding went upstream: an engine that compresses sent gzip,
+    which the router relayed and then appended its own plain-text events to."""
+    url, seen = await engine(_sse)
+    client = await harness.router([url])
+    resp = await client.post(
+        "/v1/completions", data=STREAM, headers={"Accept-Encoding": "gzip"}, auto_decompress=False
+    )
+    raw = await resp.read()
+    body = gzip.decompress(raw) if resp.headers.get("Content-Encoding") == "gzip" else raw
+    assert body == CHUNK + b"data: [DONE]\n\n"
+    assert seen[-1]["Accept-Encoding"] == "identity"
+    metrics = await (await client.get("/metrics")).text()
+    assert f'kvroute_midstream_failures_total{{backend="{url}"}} 1.0' not in metrics
+
+
+async def test_headers_the_engine_calls_hop_by_hop_do_not_reach_the_client(
+    harness: Harness, engine: Any
+) -> None:
+    """RFC 9110 section 7.6.1: a field named in Connection is for that connection only."""
+
+    async def answer(request: web.Request) -> web.Response:
+        return web.json_response(
+            {"object": "text_completion", "choices": [{"index": 0, "text": "ok"}]},
+            headers={"Connection": "keep-alive, X-Hop", "X-Hop": "secret", "X-End": "kept"},
+        )
+
+    url, _ = await engine(answer)
+    client = await harness.router([url])
+    resp = await client.post("/v1/completions", data=BODY)
+    assert resp.status == 200
+    assert "X-Hop" not in resp.headers and resp.headers["X-End"] == "kept"
+
+
+async def test_trace_context_and_user_agent_reach_the_engine_and_cookies_do_not(
+    harness: Harness, engine: Any
+) -> None:
+    url, seen = await engine(_sse)
+    client = await harness.router([url])
+    parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    sent = {"traceparent": parent, "tracestate": "k=v", "User-Agent": "OpenAI/Python 2.8.1",
+            "Cookie": "session=abc"}  # fmt: skip
+    resp = await client.post("/v1/completions", data=STREAM, headers=sent)
+    assert resp.status == 200
+    await resp.read()
+    got = seen[-1]
+    assert got["traceparent"] == parent and got["tracestate"] == "k=v"
+    assert got["User-Agent"] == "OpenAI/Python 2.8.1"
+    assert "Cookie" not in got
