@@ -249,6 +249,7 @@ async def start_listeners(
         shutdown_timeout=config.drain_timeout_s,
         access_log=None,
         keepalive_timeout=server.keepalive_s,
+        auto_decompress=False,  # bodies inflate bounded by the limit (router/body.py)
     )
     await runner.setup()
     split = server.has_admin_listener
