@@ -12,6 +12,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from kvroute.router.config import ClientKey
 from tests.router.conftest import Harness
 
 STREAM = b'{"model": "m1", "prompt": "hello", "max_tokens": 2, "stream": true}'
@@ -151,3 +152,72 @@ async def test_trace_context_and_user_agent_reach_the_engine_and_cookies_do_not(
     assert got["traceparent"] == parent and got["tracestate"] == "k=v"
     assert got["User-Agent"] == "OpenAI/Python 2.8.1"
     assert "Cookie" not in got
+
+
+async def _exchange(port: int, raw: bytes) -> bytes:
+    """The router's answer to ``raw``: its head and its Content-Length body (10 s)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(raw)
+    try:
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        return head + await asyncio.wait_for(reader.readexactly(length), 10)
+    finally:
+        writer.close()
+
+
+async def test_100_continue_comes_only_when_the_router_reads_the_body(harness: Harness) -> None:
+    """aiohttp sent "100 Continue" before the handler ran: a client uploaded a body only
+    to be refused for its key or its size."""
+    b = await harness.backend()
+    client = await harness.router([b.url], client_keys=(ClientKey(name="t", key="sk-test-1"),))
+    head = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Expect: 100-continue\r\nContent-Length: %d\r\n"
+    )
+    refused = await _exchange(client.port, head % len(BODY) + b"\r\n")  # no key, no body
+    assert refused.startswith(b"HTTP/1.1 401") and b"100 Continue" not in refused
+    assert b"Connection: close" in refused
+    reader, writer = await asyncio.open_connection("127.0.0.1", client.port)
+    try:
+        writer.write(head % len(BODY) + b"Authorization: Bearer sk-test-1\r\n\r\n")
+        interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+        writer.write(BODY)
+        answer = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        assert answer.startswith(b"HTTP/1.1 200")
+    finally:
+        writer.close()
+
+
+async def test_an_expectation_other_than_100_continue_is_an_openai_417(harness: Harness) -> None:
+    b = await harness.backend()
+    client = await harness.router([b.url])
+    raw = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Expect: teapot\r\nContent-Length: %d\r\n\r\n" % len(BODY)
+    )
+    answer = await _exchange(client.port, raw)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 417"), answer[:200]
+    assert b'"code":"expectation_failed"' in body and b"x-request-id" in head
+    assert not b.state.requests
+
+
+async def test_405_says_which_methods_the_path_takes(harness: Harness) -> None:
+    b = await harness.backend()
+    client = await harness.router([b.url])
+    resp = await client.put("/v1/completions", data=BODY)
+    assert resp.status == 405
+    assert "POST" in resp.headers["Allow"]
+    assert (await resp.json())["error"]["code"] == "method_not_allowed"
+
+
+async def test_an_http2_request_line_is_505(harness: Harness) -> None:
+    """HTTP/2 is not spoken over an HTTP/1 connection: aiohttp answered "HTTP/2.0 200"."""
+    b = await harness.backend()
+    client = await harness.router([b.url])
+    answer = await _exchange(client.port, b"GET /health HTTP/2.0\r\nHost: x\r\n\r\n")
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert b" 505 " in head.split(b"\r\n")[0], answer[:200]
+    assert b'"code":"http_version_not_supported"' in body

@@ -244,23 +244,29 @@ async def test_requests_the_parser_refuses_get_an_openai_error_and_one_log_line(
 
 
 @pytest.mark.parametrize(
-    ("raw", "said"),
+    ("raw", "status", "said"),
     [
-        (b"GET /health HTTP/1.1\r\nHost: r\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n", b"longer"),
-        (b"GET /" + b"u" * 9000 + b" HTTP/1.1\r\nHost: r\r\n\r\n", b"longer"),
+        (
+            b"GET /health HTTP/1.1\r\nHost: r\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n",
+            b"431",
+            b"longer",
+        ),
+        (b"GET /" + b"u" * 9000 + b" HTTP/1.1\r\nHost: r\r\n\r\n", b"414", b"request target"),
         (
             b"GET /health HTTP/1.1\r\nHost: r\r\n"
             + b"".join(b"X-%d: v\r\n" % i for i in range(200))
             + b"\r\n",
+            b"431",
             b"too many header fields",
         ),
     ],
     ids=["long-header", "long-request-line", "many-headers"],
 )
-async def test_oversized_headers_get_431_without_their_bytes_echoed(
-    harness: Harness, raw: bytes, said: bytes
+async def test_oversized_headers_get_431_and_a_long_url_414_without_their_bytes_echoed(
+    harness: Harness, raw: bytes, status: bytes, said: bytes
 ) -> None:
-    """They were a 400 whose message quoted the first 100 bytes the client sent."""
+    """They were a 400 whose message quoted the first 100 bytes the client sent; a URL
+    over the line limit has a status of its own (RFC 9110 section 15.5.15)."""
     b = await harness.backend("b")
     async with serving([b.url]) as ls:
         reader, writer = await connect(ls)
@@ -268,6 +274,7 @@ async def test_oversized_headers_get_431_without_their_bytes_echoed(
         data = await until_closed(reader)
         writer.close()
     head, _, body = data.partition(b"\r\n\r\n")
-    assert head.split(b" ", 2)[1] == b"431", data[:200]
+    assert head.split(b" ", 2)[1] == status, data[:200]
     assert said in body and b"aaaa" not in body and b"uuuu" not in body
-    assert b'"code":"header_fields_too_large"' in body
+    code = b"header_fields_too_large" if status == b"431" else b"uri_too_long"
+    assert b'"code":"%s"' % code in body

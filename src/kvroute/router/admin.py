@@ -20,7 +20,7 @@ import msgspec
 from aiohttp import web
 
 from kvroute.core.params import build
-from kvroute.router.body import json_error, read_body
+from kvroute.router.body import continue_when_read, json_error, read_body
 from kvroute.router.clients import bearer_token
 from kvroute.router.config import BackendConfig, normalize_url
 from kvroute.router.errors import BadRequest, Forbidden, NotFound, Unauthorized
@@ -219,7 +219,7 @@ def kv_views(state: RouterState) -> list[dict[str, Any]]:
 
 def add_routes(app: web.Application) -> None:
     app.router.add_get("/admin/backends", handle_list)
-    app.router.add_post("/admin/backends", handle_add)
+    app.router.add_post("/admin/backends", handle_add, expect_handler=continue_when_read)
     app.router.add_delete("/admin/backends", handle_remove)
-    app.router.add_post("/admin/backends/drain", handle_drain)
+    app.router.add_post("/admin/backends/drain", handle_drain, expect_handler=continue_when_read)
     app.router.add_get("/admin/kv", handle_kv)

@@ -25,6 +25,7 @@ from kvroute.core.fleet import Fleet
 from kvroute.core.token_keys import PromptTokenizer
 from kvroute.router import admin
 from kvroute.router.backends import Backends
+from kvroute.router.body import continue_when_read
 from kvroute.router.clients import ClientGate
 from kvroute.router.config import RouterConfig, backend_public_id
 from kvroute.router.cors import Cors
@@ -53,6 +54,7 @@ _HTTP_ERRORS = {
     404: ("invalid_request_error", "not_found"),
     405: ("invalid_request_error", "method_not_allowed"),
     413: ("invalid_request_error", "request_too_large"),
+    505: ("invalid_request_error", "http_version_not_supported"),
 }
 
 
@@ -138,8 +140,8 @@ def make_app(
         middlewares=[*([cors.preflight] if cors else []), error_middleware, listener_middleware],
     )
     app[STATE] = state
-    app.router.add_post(COMPLETIONS_PATH, handle_completions)
-    app.router.add_post(CHAT_PATH, handle_chat)
+    app.router.add_post(COMPLETIONS_PATH, handle_completions, expect_handler=continue_when_read)
+    app.router.add_post(CHAT_PATH, handle_chat, expect_handler=continue_when_read)
     app.router.add_get("/v1/models", handle_models)
     app.router.add_get("/health", handle_health)
     app.router.add_get("/metrics", handle_metrics)
@@ -247,8 +249,10 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             message = hide_backend_urls(state, message)
         response = _error_response(exc.status, message, exc.error_type, exc.code, rid)
         response.headers.update(exc.headers)
-        if exc.close:
-            response.force_close()  # says "Connection: close" instead of a silent hang-up
+        if exc.close or ("Expect" in request.headers and not request.content.is_eof()):
+            # says "Connection: close" instead of a silent hang-up; a client that waits
+            # for 100 Continue and got this instead sends no body to read past
+            response.force_close()
         return response
     except web.HTTPException as exc:
         if exc.status < 400:
@@ -258,7 +262,12 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         message = f"{exc.reason}: {request.method} {request.path}"
         if exc.status == 404 and request.path.startswith("/v1/"):
             message += f" (kvroute serves {', '.join(_API_PATHS)})"
-        return _error_response(exc.status, message, error_type, code, _request_id(request))
+        response = _error_response(exc.status, message, error_type, code, _request_id(request))
+        if "Allow" in exc.headers:  # a 405 says which methods the path takes
+            response.headers["Allow"] = exc.headers["Allow"]
+        if exc.status == 505:
+            response.force_close()
+        return response
     except asyncio.CancelledError:
         status = 499  # client closed the connection (nginx's convention)
         raise

@@ -16,11 +16,13 @@ import zlib
 
 import msgspec
 from aiohttp import web
+from aiohttp.http import HttpVersion11
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
 from kvroute.router.errors import (
     BadRequest,
+    ExpectationFailed,
     KvrouteError,
     PayloadTooLarge,
     UnsupportedMediaType,
@@ -62,6 +64,7 @@ async def read_body(request: web.Request, limit: int) -> bytes:
     length = request.content_length
     if length is not None and length > limit:
         raise PayloadTooLarge(f"request body of {length} bytes exceeds the {limit}-byte limit")
+    await _continue(request)
     try:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
@@ -74,6 +77,23 @@ async def read_body(request: web.Request, limit: int) -> bytes:
     if len(raw) >= OFF_LOOP_INFLATE_BYTES:
         return await asyncio.to_thread(inflate, raw, encoding, limit)
     return inflate(raw, encoding, limit)
+
+
+async def continue_when_read(request: web.Request) -> None:
+    """The routes' expect handler: aiohttp's sends "100 Continue" before the handler
+    runs, so a client sent its body only to get 401, 413 or 503; ``read_body`` sends it
+    once the router is about to read the body (``_continue``)."""
+
+
+async def _continue(request: web.Request) -> None:
+    expect = request.headers.get("Expect")
+    if expect is None:
+        return
+    if expect.strip().lower() != "100-continue":
+        raise ExpectationFailed(f"Expect: {expect[:40]!r} is not supported (only 100-continue)")
+    if request.version == HttpVersion11:
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0  # the answer's own bytes are still to come
 
 
 # a compressed body this large inflates in a thread (~10 ms of the loop and more)

@@ -102,6 +102,14 @@ class PayloadTooLarge(KvrouteError):
     code = "request_too_large"
 
 
+class ExpectationFailed(KvrouteError):
+    """417: an Expect header other than 100-continue (RFC 9110 section 10.1.1)."""
+
+    status = 417
+    error_type = "invalid_request_error"
+    code = "expectation_failed"
+
+
 class UnsupportedMediaType(KvrouteError):
     """415: the body comes in a content encoding the router cannot decode."""
 

@@ -68,6 +68,13 @@ class ApiRequestHandler(RequestHandler):
             # asks to install) or that does not inflate: the client's, said as such
             err = encoding_error(reason)
             status, body = err.status, error_bytes(err.message, err.error_type, err.code)
+        elif isinstance(exc, LineTooLong) and _is_request_target(exc.args[0]):
+            status = 414  # RFC 9110 section 15.5.15, the URL's own status
+            body = error_bytes(
+                f"URI too long: the request target is longer than {exc.args[1]} bytes",
+                "invalid_request_error",
+                "uri_too_long",
+            )
         elif isinstance(exc, LineTooLong) or reason == "Too many headers received":
             # RFC 6585's status, without echoing the client's bytes back
             limit = exc.args[1] if isinstance(exc, LineTooLong) else None
@@ -98,6 +105,14 @@ class ApiRequestHandler(RequestHandler):
         return resp
 
 
+def _is_request_target(line: object) -> bool:
+    """Whether a line aiohttp's parser found too long is the request line's target (a
+    path or an absolute URL), not a header field."""
+    return isinstance(line, bytes | bytearray | str) and (
+        line[:1] in (b"/", "/") or line[:4].lower() in (b"http", "http")
+    )
+
+
 def make_request_handler(server: web.Server) -> RequestHandler:
     """What ``server()`` makes, as an ApiRequestHandler (with the runner's settings)."""
     return ApiRequestHandler(server, loop=server._loop, **server._kwargs)
@@ -124,6 +139,8 @@ async def listener_middleware(request: web.Request, handler: Handler) -> web.Str
     guard = request.app.get(GUARD)
     conn = guard.started(request) if guard is not None else None
     try:
+        if request.version.major != 1:  # "HTTP/2.0" in an HTTP/1 request line
+            raise web.HTTPVersionNotSupported()
         path = request.path
         role = conn.role if conn is not None else "all"
         if role != "all" and path != "/health" and is_operator_path(path) != (role == "admin"):
