@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 
 import aiohttp
@@ -117,6 +118,56 @@ async def test_graceful_shutdown_finishes_in_flight_requests(harness: Harness) -
         await resp.read()
     from kvroute.router.state import STATE
 
+    assert_no_load(app[STATE])
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
+async def test_requests_left_at_the_drain_timeout_are_ended_with_a_reason(
+    harness: Harness, stream: bool
+) -> None:
+    """aiohttp cancels a handler only after its shutdown timeout and then waits as long
+    again for one that does not read its request: a stream ran twice the drain timeout
+    and was then cut silently (a whole answer's connection just dropped). At the drain
+    timeout the router now ends each itself: an SSE error event and [DONE], or a 503."""
+    from kvroute.router.app import make_app
+    from kvroute.router.listener import start_listeners
+    from kvroute.router.state import STATE
+    from tests.router.conftest import assert_no_load, router_config
+
+    b = await harness.backend("a")
+    if stream:
+        b.state.chunk_gaps_s = (0.0, 3600.0)  # a first token, then silence
+    else:
+        b.state.hang = True
+    config = router_config([b.url], port=0, drain_timeout_s=0.2)
+    app = make_app(config)
+    listeners = await start_listeners(app, config)
+    host, port = listeners.api
+    body = b'{"model": "m1", "prompt": "x", "stream": %s}' % (b"true" if stream else b"false")
+    async with aiohttp.ClientSession() as s:
+        resp_or_none: list[aiohttp.ClientResponse] = []
+
+        async def ask() -> bytes:
+            resp = await s.post(f"http://{host}:{port}/v1/completions", data=body)
+            resp_or_none.append(resp)
+            return await resp.read()
+
+        pending = asyncio.ensure_future(ask())
+        await until(lambda: b.state.num_active == 1)
+        if stream:
+            await until(lambda: bool(resp_or_none))  # its first chunk came through
+        await listeners.runner.cleanup()
+        answer = await pending
+    (resp,) = resp_or_none
+    if stream:
+        assert resp.status == 200
+        events = answer.decode().strip().split("\n\n")
+        assert events[-1] == "data: [DONE]"
+        error = json.loads(events[-2].removeprefix("data: "))["error"]
+        assert error["code"] == "no_healthy_backend" and "shut down" in error["message"]
+    else:
+        assert resp.status == 503
+        assert "shut down" in json.loads(answer)["error"]["message"]
     assert_no_load(app[STATE])
 
 

@@ -187,8 +187,19 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _on_shutdown(app: web.Application) -> None:
-    """Draining: /health says 503 and new requests are refused; in-flight ones finish."""
-    app[STATE].shutting_down = True
+    """Draining: /health says 503 and new requests are refused; in-flight ones get
+    ``drain_timeout_s`` to finish, then are ended (a stream with an SSE error event, a
+    whole answer with 503). aiohttp's own drain cancels only after its timeout and then
+    waits as long again for a stream that does not read its request: twice the time."""
+    state = app[STATE]
+    state.shutting_down = True
+    asyncio.get_running_loop().call_later(state.config.drain_timeout_s, _end_drain, state)
+
+
+def _end_drain(state: RouterState) -> None:
+    state.drain_expired = True
+    for task in list(state.handlers):
+        task.cancel()
 
 
 def make_session(config: RouterConfig) -> aiohttp.ClientSession:

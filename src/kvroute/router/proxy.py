@@ -59,6 +59,9 @@ async def _handle(request: web.Request, path: str, *, chat: bool) -> web.StreamR
         raise NoHealthyBackend("router is shutting down")
     admitted = state.gate.admit(request.headers.get("Authorization"))
     state.num_in_flight += 1
+    task = asyncio.current_task()
+    if task is not None:
+        state.handlers.add(task)
     try:
         raw = await read_body(request, state.config.limits.max_body_bytes)
         t0 = state.clock()
@@ -68,10 +71,16 @@ async def _handle(request: web.Request, path: str, *, chat: bool) -> web.StreamR
         upstream.text_bytes = text_bytes
         return await _forward(state, request, route_req, upstream, path)
     except asyncio.CancelledError:
+        if state.drain_expired and task is not None:  # cut by the drain, not the client
+            task.uncancel()
+            raise NoHealthyBackend(
+                "the router shut down before the answer was complete (drain_timeout_s)"
+            ) from None
         state.metrics.client_disconnects.inc()  # aiohttp cancels a handler on disconnect
         raise
     finally:
         state.num_in_flight -= 1
+        state.handlers.discard(task)  # type: ignore[arg-type]
         state.gate.release(admitted)
 
 

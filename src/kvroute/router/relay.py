@@ -41,7 +41,7 @@ from kvroute.core.policy.base import Decision
 from kvroute.router.assemble import AssemblyError, StreamAssembler
 from kvroute.router.breaker import CircuitState
 from kvroute.router.cutoff import cutoff_at
-from kvroute.router.errors import BackendFailed, BackendTimeout
+from kvroute.router.errors import BackendFailed, BackendTimeout, NoHealthyBackend
 from kvroute.router.state import NOTE, RouterState
 from kvroute.router.upstream import Deadline, copy_response_headers
 
@@ -288,6 +288,14 @@ async def _relay_stream(
     except ClientGone:
         state.metrics.client_disconnects.inc()
         return True, out  # the backend did not fail; resp.close() in relay() cancels it
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if not state.drain_expired or task is None:
+            raise
+        task.uncancel()  # the router's drain ended it: tell the client why, not the backend
+        await _write_sse_error(out, _Drained("the router shut down before the answer was "
+                                             "complete (drain_timeout_s)"), relay.tail)  # fmt: skip
+        return True, out
     except (_Cut, aiohttp.ClientError, OSError) as exc:
         state.metrics.midstream_failures.labels(url).inc()
         await _write_sse_error(out, exc, relay.tail)
@@ -360,6 +368,10 @@ class _Cut(Exception):
     """The router ends a silent stream; the message says why (sent in the SSE error)."""
 
 
+class _Drained(Exception):
+    """The router's shutdown drain ran out while the stream was relayed."""
+
+
 class _EndedEarly(Exception):
     """The backend closed its stream cleanly without ``[DONE]``: the answer is cut, and a
     client (the OpenAI SDKs stop reading at the end quietly) must be told."""
@@ -421,6 +433,8 @@ def error_note(exc: BaseException) -> dict[str, Any]:
     """The OpenAI error object of the SSE error event sent after the first byte."""
     if isinstance(exc, _Cut):  # the codes of the answers before the first byte
         return {"message": str(exc), "type": "api_error", "code": BackendTimeout.code}
+    if isinstance(exc, _Drained):
+        return {"message": str(exc), "type": "api_error", "code": NoHealthyBackend.code}
     if isinstance(exc, _EndedEarly):
         return {"message": str(exc), "type": "api_error", "code": BackendFailed.code}
     msg = f"backend failed mid-stream: {type(exc).__name__}"

@@ -35,7 +35,10 @@ class RouterState:
     # the probes' own pool (health, /v1/models, /metrics); made and closed by the app
     probe_session: aiohttp.ClientSession | None = None
     shutting_down: bool = False  # /health answers 503 and new requests get 503
+    # the drain's time is up: the handlers still running were cancelled to end now
+    drain_expired: bool = False
     num_in_flight: int = 0  # proxied requests being handled now
+    handlers: set[asyncio.Task[Any]] = field(default_factory=set)  # their tasks
     # background tasks of this app (health, scraper, probes of added backends)
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
     # KV-event feeds (exact/auto mode; None in approximate mode); started at startup
