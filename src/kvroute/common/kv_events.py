@@ -7,7 +7,15 @@ trailing ``data_parallel_rank``. An event is either an array with its tag first
 (``["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id,
 medium, lora_name, extra_keys]``; vLLM's default msgspec ``array_like`` tagged form) or
 a map with a ``"type"`` key and the field names. Older vLLM versions send fewer fields
-(the missing ones default), newer ones more (``group_idx``, ...: ignored).
+(the missing ones default), newer ones more: of those, the KV cache group (``group_idx``,
+and on a store the group's ``kv_cache_spec_kind``) is read, so a hybrid model's groups
+can be told apart; the rest is ignored.
+
+SGLang sends the same events with its own fields after ``medium``: ``cache_salt``,
+``session_id``, ``lora_name``. In array form that is ten elements whose last is a name
+or nil, where a vLLM event of ten elements ends with its group (an integer): the
+layout is read from that. SGLang under EAGLE sends each token as a ``[token, next]``
+bigram; the first of each pair is the token.
 
 ``extra_keys`` holds one entry per block (None, or a list of the block's extra hash
 keys: LoRA name, multimodal hashes, and ``cache_salt`` in the request's first block).
@@ -46,6 +54,9 @@ class BlockStored:
     medium: str | None = "GPU"  # cache tier ("GPU" or "CPU")
     lora_name: str | None = None  # LoRA adapter name (newer vLLM)
     extra_keys: list[Any] | None = None  # per block: None or its extra keys (newer vLLM)
+    cache_salt: str | None = None  # the storing request's salt, as SGLang sends it
+    group_idx: int | None = None  # KV cache group (vLLM hybrid models); None: the only one
+    kv_cache_spec_kind: str | None = None  # that group's kind ("full_attention", ...)
 
 
 def cache_salt_of(event: BlockStored) -> str | None:
@@ -55,7 +66,11 @@ def cache_salt_of(event: BlockStored) -> str | None:
     multimodal ``(identifier, offset)`` pairs, the salt (first block only), then prompt
     embedding digests; so the salt is the first string after the LoRA name.
     """
-    if event.parent_block_hash is not None or not event.extra_keys:
+    if event.parent_block_hash is not None:
+        return None
+    if event.cache_salt is not None:
+        return event.cache_salt
+    if not event.extra_keys:
         return None
     first = event.extra_keys[0]
     if not isinstance(first, list):
@@ -72,6 +87,7 @@ class BlockRemoved:
 
     block_hashes: list[int]  # hashes that are no longer cached on this medium
     medium: str | None = "GPU"  # cache tier
+    group_idx: int | None = None  # KV cache group (vLLM hybrid models)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +134,11 @@ _FIELDS: dict[str, tuple[str, ...]] = {
     "BlockRemoved": ("block_hashes", "medium"),
     "AllBlocksCleared": (),
 }
+# fields read beyond _FIELDS: vLLM's after extra_keys (then more, ignored) and after
+# medium on a removal; SGLang's after medium on a store
+_VLLM_MORE = {"BlockStored": ("group_idx", "kv_cache_spec_kind"), "BlockRemoved": ("group_idx",)}
+_SGLANG_STORED = (*_FIELDS["BlockStored"][:6], "cache_salt", "session_id", "lora_name")
+_MAP_MORE = ("group_idx", "kv_cache_spec_kind", "cache_salt")
 _TYPES: dict[str, Any] = {
     "BlockStored": BlockStored,
     "BlockRemoved": BlockRemoved,
@@ -183,9 +204,11 @@ def _token_ids(value: Any, limits: KvEventLimits) -> list[int]:
             f"{len(value)} token ids in one event (limit {limits.max_tokens_per_event})"
         )
     # bool is an int subclass; msgpack ints are within 64 bits already
-    if not all(type(v) is int for v in value):
-        raise ValueError("token_ids must be integers")
-    return value
+    if all(type(v) is int for v in value):
+        return value
+    if all(type(v) is list and len(v) == 2 and type(v[0]) is type(v[1]) is int for v in value):
+        return [v[0] for v in value]  # SGLang's EAGLE bigrams: (token, next token)
+    raise ValueError("token_ids must be integers")
 
 
 def _block_size(value: Any, limits: KvEventLimits) -> int:
@@ -208,10 +231,13 @@ def _fields_of(raw: Any) -> tuple[str, dict[str, Any]]:
         tag = raw.get("type")
         if not isinstance(tag, str) or tag not in _FIELDS:
             raise ValueError(f"unknown KV event type {tag!r:.80}")
-        return tag, {k: raw[k] for k in _FIELDS[tag] if k in raw}
+        return tag, {k: raw[k] for k in (*_FIELDS[tag], *_MAP_MORE) if k in raw}
     if isinstance(raw, list) and raw and isinstance(raw[0], str) and raw[0] in _FIELDS:
         tag = raw[0]
-        return tag, dict(zip(_FIELDS[tag], raw[1:], strict=False))
+        if tag == "BlockStored" and len(raw) == 10 and not isinstance(raw[9], int):
+            return tag, dict(zip(_SGLANG_STORED, raw[1:], strict=True))
+        names = (*_FIELDS[tag], *_VLLM_MORE.get(tag, ()))
+        return tag, dict(zip(names, raw[1:], strict=False))
     raise ValueError(f"not a KV event: {raw!r:.80}")
 
 
@@ -223,8 +249,9 @@ def _event_from_wire(raw: Any, limits: KvEventLimits = DEFAULT_LIMITS) -> KvEven
         raise ValueError(f"malformed {tag} event: no block_hashes")
     hashes = _hashes(f["block_hashes"], limits)
     medium = _optional(f.get("medium", "GPU"), str, "medium")
+    group = _optional(f.get("group_idx"), int, "group_idx")
     if tag == "BlockRemoved":
-        return BlockRemoved(hashes, medium)
+        return BlockRemoved(hashes, medium, group)
     if "token_ids" not in f or "block_size" not in f:
         raise ValueError("malformed BlockStored event: no token_ids or block_size")
     token_ids = _token_ids(f["token_ids"], limits)
@@ -237,6 +264,9 @@ def _event_from_wire(raw: Any, limits: KvEventLimits = DEFAULT_LIMITS) -> KvEven
         medium,
         _optional(f.get("lora_name"), str, "lora_name"),
         _optional(f.get("extra_keys"), list, "extra_keys"),
+        _optional(f.get("cache_salt"), str, "cache_salt"),
+        group,
+        _optional(f.get("kv_cache_spec_kind"), str, "kv_cache_spec_kind"),
     )
 
 
@@ -359,7 +389,7 @@ def _pieces(event: KvEvent, max_work: int) -> Iterator[KvEvent]:
     for start in range(0, len(hashes), step):
         end = start + step
         if isinstance(event, BlockRemoved):
-            yield BlockRemoved(hashes[start:end], event.medium)
+            yield BlockRemoved(hashes[start:end], event.medium, event.group_idx)
             continue
         bs = event.block_size
         extra = event.extra_keys

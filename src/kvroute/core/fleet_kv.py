@@ -16,7 +16,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Concatenate, ParamSpec, TypeVar
 
-from kvroute.common.kv_events import BlockStored, KvEvent
+from kvroute.common.kv_events import KvEvent
 from kvroute.core.backend import Backend, parse_block_size
 from kvroute.core.kv_sync import ExactSync, KvOutcome, KvStream
 from kvroute.core.served_models import ServedModels
@@ -53,13 +53,16 @@ class KvEventsMixin:
         if b is None:
             return KvOutcome.UNKNOWN
         self.sync.expire(now)
-        if b.block_size is None:
-            sizes = [e.block_size for e in events if isinstance(e, BlockStored)]
-            size = parse_block_size(sizes[0]) if sizes else None
+        outcome = self._exact_change(
+            self.sync.apply_batch, url, seq, ts, events, lag_s, b.block_size
+        )
+        if b.block_size is None:  # the engine's, as its first store it could key says
+            s = self.sync.url_to_stream[url]
+            size = parse_block_size(s.block_size)
             if size is not None:
                 b.block_size = size
                 self._served.invalidate()
-        return self._exact_change(self.sync.apply_batch, url, seq, ts, events, lag_s)
+        return outcome
 
     def kv_expect_parts(self, url: str, seq: int, parts: int) -> None:
         """The next ``apply_kv_batch`` of ``url`` is the first of ``parts`` calls that carry

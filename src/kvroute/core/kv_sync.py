@@ -26,6 +26,16 @@ evicted), and routing on it sends requests for hits that are gone. Meanwhile the
 stays approximate; a replay that ends complete swaps the view in, one that does not
 leaves the backend approximate until its next reset.
 
+What a view follows: one KV cache group of the engine. A hybrid model (vLLM's groups:
+full attention beside sliding-window or Mamba layers) publishes each block once per
+group under the same hash, and a sliding-window group drops blocks the full-attention
+group keeps; following every group, one group's removal took blocks from the view that
+the engine still hits. The view follows the first group announced as full attention
+(MLA included), or group 0 when the engine names no kinds; events without a group are
+the only group's. Stores it cannot key are skipped (``num_skipped``): blocks of
+another size than the backend's keys (another group's, SGLang's short last page, a
+partial vLLM entry), or token ids that do not cover the hashes one block each.
+
 Caps: the exact views together hold at most the index's ``max_entries`` engine blocks,
 and each at most ``max_stored_blocks`` (default: the same). A ``BlockStored`` that would
 pass either makes that backend approximate (``num_overflows``) until its next reset: an
@@ -76,6 +86,10 @@ class KvStream:
     num_events: int = 0  # events in them
     lag_s: float | None = None  # receive time - engine timestamp of the last batch
     num_overflows: int = 0  # exact view dropped for passing its cap
+    num_skipped: int = 0  # stores not keyed: another block size, or tokens not matching
+    group: int | None = None  # the KV cache group followed (module doc); None: not seen
+    # tokens per block of the backend's keys: given by the caller, else the first store's
+    block_size: int | None = None
     # calls still owed for batch next_seq, whose first part is applied: its parts to come,
     # or 1 while one is applied (left set if applying raised); last_seq moves to it once
     # every part is in, so a nonzero value means the view holds part of that batch
@@ -94,6 +108,32 @@ class KvStream:
             newer = self.last_ts is not None and ts > self.last_ts
             return "restart" if seq == 0 or newer else "duplicate"
         return "gap"
+
+
+# KV cache kinds whose blocks hold a prefix as long as it is cached (vLLM's
+# KVCacheSpecKind values): the group a view follows
+FULL_ATTENTION_KINDS = frozenset({"full_attention", "mla_attention"})
+
+
+def _follows(s: KvStream, event: BlockStored | BlockRemoved) -> bool:
+    """Whether ``event`` is of the group ``s`` follows (choosing it at its first store)."""
+    group = event.group_idx
+    if group is None:
+        return True
+    if s.group is None and isinstance(event, BlockStored):
+        kind = event.kv_cache_spec_kind
+        if kind in FULL_ATTENTION_KINDS or (kind is None and group == 0):
+            s.group = group
+    return group == s.group
+
+
+def _keyable(s: KvStream, event: BlockStored) -> bool:
+    """Whether ``event``'s blocks can be keyed as the backend's requests are."""
+    if len(event.token_ids) != event.block_size * len(event.block_hashes):
+        return False
+    if s.block_size is None:
+        s.block_size = event.block_size
+    return event.block_size == s.block_size
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,11 +217,21 @@ class ExactSync:
             s.announced = (seq, max(1, parts))
 
     def apply_batch(
-        self, url: str, seq: int, ts: float, events: Sequence[KvEvent], lag_s: float | None
+        self,
+        url: str,
+        seq: int,
+        ts: float,
+        events: Sequence[KvEvent],
+        lag_s: float | None,
+        block_size: int | None = None,
     ) -> KvOutcome:
+        """Apply batch ``seq`` of ``url`` (module doc); ``block_size``: the tokens per block
+        of the backend's keys when known (else the first store's is taken)."""
         s = self.url_to_stream.get(url)
         if s is None:
             return KvOutcome.UNKNOWN
+        if block_size is not None:
+            s.block_size = block_size
         announced, s.announced = s.announced, None
         if s.parts_left and seq == s.next_seq:  # the next part of a batch being applied
             s.num_events += len(events)
@@ -194,6 +244,7 @@ class ExactSync:
             s.num_restarts += 1
             self._fall_back(url, s, seed=False)  # the engine's cache is gone
             s.last_seq, s.last_ts, s.gap_at = -1, None, None
+            s.group = None  # a new engine may be another model
             kind = s.classify(seq, ts)
         if kind == "duplicate":
             return KvOutcome.DUPLICATE
@@ -253,7 +304,12 @@ class ExactSync:
                     mirror(url, (), model.clear())
             elif model is None or event.medium not in (None, "GPU"):
                 continue  # not synced yet, or another tier (CPU offload)
+            elif not _follows(s, event):
+                continue  # another KV cache group of a hybrid model
             elif isinstance(event, BlockStored):
+                if not _keyable(s, event):
+                    s.num_skipped += 1
+                    continue
                 if model.num_stored + len(event.block_hashes) > room:
                     s.num_overflows += 1
                     self._fall_back(url, s, seed=False)  # a seed would cost O(cap) here

@@ -56,6 +56,7 @@ class KvSubscriberStatus:
     num_malformed_batches: int  # batches that failed to decode or apply: skipped
     num_feed_restarts: int  # times the feed task failed and was restarted
     num_overflows: int  # times the exact view passed its cap and was dropped
+    num_skipped: int  # stores not keyed: another block size, tokens not matching hashes
     num_disconnects: int  # connections to the publisher lost (and made again)
 
 
@@ -160,6 +161,7 @@ class KvEventSubscriber(KvFeedMixin):
             num_malformed_batches=feed.num_malformed,
             num_feed_restarts=feed.num_restarts,
             num_overflows=stream.num_overflows if stream is not None else 0,
+            num_skipped=stream.num_skipped if stream is not None else 0,
             num_disconnects=feed.num_disconnects,
         )
 

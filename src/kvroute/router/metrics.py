@@ -252,6 +252,8 @@ class BackendCollector(Collector):
         "made again)",
         "kvroute_backend_kv_feed_restarts": "Times the KV-event feed task failed and restarted",
         "kvroute_backend_kv_overflows": "Times the exact view passed its cap and was dropped",
+        "kvroute_backend_kv_skipped_stores": "BlockStored events not keyed: blocks of another "
+        "size than the backend's keys, or token ids not one block per hash",
         "kvroute_backend_speculative_blocks": "Dispatched blocks not yet confirmed by KV events",
         "kvroute_backend_reported_hit_rate": "Engine-reported cached_tokens / prompt tokens, "
         "over the responses that reported it",

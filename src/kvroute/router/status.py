@@ -39,6 +39,7 @@ def _kv_row(state: RouterState, url: str, fs: BackendState | None) -> dict[str, 
     row["kvroute_backend_kv_disconnects"] = sub.num_disconnects if sub else None
     row["kvroute_backend_kv_feed_restarts"] = sub.num_feed_restarts if sub else None
     row["kvroute_backend_kv_overflows"] = sub.num_overflows if sub else None
+    row["kvroute_backend_kv_skipped_stores"] = sub.num_skipped if sub else None
     if fs is None:
         return row
     if sub is not None:  # stream counters only where events are followed
