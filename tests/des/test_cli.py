@@ -138,3 +138,38 @@ def test_a_run_that_measures_no_request_says_so(tmp_path, capsys) -> None:
     args += ["--routers", "round_robin", "--out", str(tmp_path / "run"), "--quiet", "--no-plots"]
     assert main(args) == 1
     assert "kvroute simulate: round_robin: no request was measured" in capsys.readouterr().err
+
+
+def _gsp(tmp_path, *more: str) -> list[str]:
+    args = ["simulate", "--workload", "gsp", "--backends", "1", "--duration", "20"]
+    args += [f"--workload-arg={k}={v}" for k, v in SMALL["gsp"].items()]
+    return [*args, "--routers", "round_robin", "--out", str(tmp_path), "--quiet", "--no-plots",
+            *more]  # fmt: skip
+
+
+def test_a_rate_asked_for_is_offered_and_the_header_says_so(tmp_path, capsys) -> None:
+    """gsp keeps 16 requests in flight at its own rate; an explicit --rate was held to
+    that cap too, silently, so a plan answered for traffic never sent."""
+    assert main(_gsp(tmp_path / "a", "--rate", "50")) == 0
+    header = next(line for line in capsys.readouterr().out.splitlines() if "offered" in line)
+    assert header.startswith("gsp on 1 x") and "50 req/s offered," in header
+    load = json.loads((tmp_path / "a" / "compare.json").read_text())["round_robin"]
+    assert load["config"]["load"]["max_concurrency"] is None
+    assert main(_gsp(tmp_path / "b", "--rate", "50", "--max-concurrency", "4")) == 0
+    assert "50 req/s offered (at most 4 in flight)" in capsys.readouterr().out
+
+
+def test_think_time_with_a_rate_is_refused(tmp_path, capsys) -> None:
+    assert main(_gsp(tmp_path, "--rate", "5", "--think-time", "1,2")) == 2
+    assert "--think-time" in capsys.readouterr().err
+
+
+def test_a_run_whose_requests_all_failed_shows_no_ttft_and_says_why(tmp_path, capsys) -> None:
+    """b2b does not fit codellama-13b's context: the table showed TTFT 0 ms, no reason."""
+    args = ["simulate", "--workload", "b2b", "--backends", "1", "--num-requests", "5"]
+    args += ["--routers", "round_robin", "--out", str(tmp_path), "--quiet", "--no-plots"]
+    assert main(args) == 1
+    printed = capsys.readouterr().out
+    row = next(line for line in printed.splitlines() if line.startswith("round_robin"))
+    assert row.count("n/a") >= 2
+    assert "Failed requests by reason" in printed and "max_model_len" in printed

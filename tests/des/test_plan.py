@@ -93,3 +93,13 @@ def test_the_cli_plans_writes_json_and_says_what_is_missing(tmp_path, capsys) ->
             assert not met
     assert (out / "plan.txt").read_text().startswith("Smallest fleet")
     assert all(p["replicas"] >= 2 for probes in data["probes"].values() for p in probes)
+
+
+def test_a_fleet_that_served_nothing_misses_the_slo() -> None:
+    """Every b2b request is over codellama-13b's context: the plan said 1 replica met a
+    P99 of "0.00 s" (the figures of an empty set), refusals excluded from the failures."""
+    nothing = {"p99_ttft_ms": 0.0, "completed": 0, "failed": 593, "request_throughput": 0.0}
+    probe = Probe.from_result(1, nothing, num_refused=593)
+    assert probe.p99_ttft_s is None and probe.num_served == 0
+    assert not probe.meets(1.0)
+    assert not Probe(1, 0.0, None, 0.0, num_requests=10, num_failed=0, num_refused=10).meets(1.0)

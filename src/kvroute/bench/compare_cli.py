@@ -50,7 +50,7 @@ from kvroute.bench.compare_report import (
     write_compare,
 )
 from kvroute.bench.decisions import DEFAULT_WINDOWS
-from kvroute.bench.report import nothing_measured
+from kvroute.bench.report import format_failures, nothing_measured
 from kvroute.bench.workloads import TRACE_FORMATS, WORKLOAD_NAMES, is_trace_replay
 
 # config fields -> the flags that set them (CompareConfig, LoadConfig), for messages
@@ -151,6 +151,12 @@ def add_fleet_and_load_options(
         type=float,
         help="open loop: R requests (sessions) per second of engine time, Poisson",
     )
+    p.add_argument(
+        "--max-concurrency",
+        type=at_least_one,
+        help="open loop: at most N requests in flight, the rest wait client-side (with "
+        "--rate the default is none; gsp and prefix-repetition at their own rate: 16)",
+    )
     p.add_argument("--think-time", type=parse_pair, help="closed loop think time A,B (engine s)")
     bound = p.add_mutually_exclusive_group()
     bound.add_argument("--duration", type=finite, help=duration_help)
@@ -222,7 +228,14 @@ def config_from_args(args: argparse.Namespace, out: Path) -> CompareConfig:
     if args.concurrency is not None:
         load.update(mode="closed", num_users=args.concurrency)
     if getattr(args, "rate", None) is not None:
-        load.update(mode="open", rates=(args.rate,))
+        # the rate asked for is offered: a workload's own cap does not hold it back
+        load.update(mode="open", rates=(args.rate,), max_concurrency=args.max_concurrency)
+        if args.think_time is not None:
+            raise ValueError("--think-time is a closed loop's (--concurrency), not --rate's")
+    elif args.max_concurrency is not None:
+        if args.concurrency is not None:
+            raise ValueError("--max-concurrency is an open loop's (--rate), not --concurrency's")
+        load["max_concurrency"] = args.max_concurrency
     if args.think_time is not None:
         load["think_time_s"] = args.think_time
     if args.duration is not None:
@@ -295,6 +308,8 @@ def report(
     for name, o in outcomes.items():
         if o.bench is not None and (why := nothing_measured(o.bench)):
             print(f"kvroute {command}: {name}: {why}", file=sys.stderr)
+        elif o.bench is not None and (failures := format_failures(o.bench.records)):
+            print(f"\n{name}: {failures}")  # a table that says "failed" says why too
     ran = [o for o in outcomes.values() if o.skipped is None]
     ok = all(o.bench is not None and o.bench.result["completed"] > 0 for o in ran)
     return 0 if ran and ok else 1

@@ -64,9 +64,13 @@ def change(value: float | None, base: float | None, kind: str) -> str:
     return f"{100.0 * (value - base) / base:+.0f} %"
 
 
+# figures of the completed requests: none when nothing completed (their 0 is no figure)
+_OF_COMPLETED = frozenset({"median_ttft_ms", "p99_ttft_ms"})
+
+
 def _cell(result: Mapping[str, Any], base: Mapping[str, Any] | None, col: Column) -> str:
     value = result.get(col.key)
-    if value is None:
+    if value is None or (col.key in _OF_COMPLETED and result.get("completed") == 0):
         return "n/a"
     shown = 100.0 * value if col.kind == "rate" else value
     text = format(shown, col.spec) + (" %" if col.kind == "rate" else "")
@@ -125,6 +129,11 @@ def describe_run(config: Mapping[str, Any]) -> str:
         )
     load = config.get("load", {})
     users = f", {load['num_users']} users" if load.get("mode") == "closed" else ""
+    rates = [r for r in load.get("rates") or () if isinstance(r, (int, float))]
+    if load.get("mode") == "open" and rates:
+        users = f", {'/'.join(format(r, 'g') for r in rates)} req/s offered"
+        if load.get("max_concurrency"):
+            users += f" (at most {load['max_concurrency']} in flight)"
     return (
         f"{config.get('num_backends')} x {config.get('profile')}{users}, "
         f"seed {config.get('seed')}; {clock}"

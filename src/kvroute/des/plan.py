@@ -45,9 +45,13 @@ class Probe:
     num_failed: int  # failed for the fleet's sake (refused ones excluded)
     num_refused: int = 0  # refused by the engines as invalid for the model (4xx)
 
+    @property
+    def num_served(self) -> int:
+        return self.num_requests - self.num_failed - self.num_refused
+
     def meets(self, slo_ttft_p99_s: float) -> bool:
-        if self.p99_ttft_s is None or self.num_requests == 0:
-            return False
+        if self.p99_ttft_s is None or self.num_served <= 0:
+            return False  # nothing served has no P99 (the figures say 0 for an empty set)
         failed_share = self.num_failed / max(1, self.num_requests - self.num_refused)
         return self.p99_ttft_s <= slo_ttft_p99_s and failed_share <= MAX_FAILED_SHARE
 
@@ -59,7 +63,7 @@ class Probe:
         completed, failed = int(result.get("completed") or 0), int(result.get("failed") or 0)
         return cls(
             replicas=replicas,
-            p99_ttft_s=None if p99_ms is None else p99_ms / 1000.0,
+            p99_ttft_s=None if p99_ms is None or not completed else p99_ms / 1000.0,
             hit_rate=result.get("engine_prefix_hit_rate"),
             throughput=float(result.get("request_throughput") or 0.0),
             num_requests=completed + failed,
