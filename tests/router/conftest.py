@@ -62,8 +62,10 @@ class Harness:
     ) -> TestClient[Any, Any]:
         config = router_config(urls, **changes)
         app = make_app(config, clock=clock) if clock is not None else make_app(config)
+        server = TestServer(app, host="127.0.0.1")
         # as the router's own listeners (router/listener.py): bodies inflate in body.py
-        client = TestClient(TestServer(app, host="127.0.0.1", auto_decompress=False))
+        await server.start_server(auto_decompress=False)
+        client = TestClient(server)
         await client.start_server()
         self.clients.append(client)
         return client

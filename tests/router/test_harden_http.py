@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import json
+import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -160,6 +162,8 @@ async def _exchange(port: int, raw: bytes) -> bytes:
     writer.write(raw)
     try:
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        while head.startswith(b"HTTP/1.1 1"):  # an interim answer (100 Continue)
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
         length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
         return head + await asyncio.wait_for(reader.readexactly(length), 10)
     finally:
@@ -221,3 +225,122 @@ async def test_an_http2_request_line_is_505(harness: Harness) -> None:
     head, _, body = answer.partition(b"\r\n\r\n")
     assert b" 505 " in head.split(b"\r\n")[0], answer[:200]
     assert b'"code":"http_version_not_supported"' in body
+
+
+# -- a second HTTP review (seventeenth session) ---------------------------------------
+
+
+async def test_an_engines_redirect_is_not_followed(harness: Harness, engine: Any) -> None:
+    """aiohttp follows redirects by default: a 307 from a backend made the router re-POST
+    the client's prompt to the Location host and relay that host's answer as the engine's."""
+    _, elsewhere = await engine(_sse)
+    target, _ = await engine(_sse)
+
+    async def redirect(request: web.Request) -> web.Response:
+        raise web.HTTPTemporaryRedirect(f"{target}/v1/completions")
+
+    url, seen = await engine(redirect)
+    client = await harness.router([url])
+    resp = await client.post("/v1/completions", data=STREAM)
+    assert resp.status >= 500
+    assert "redirect" in (await resp.json())["error"]["message"]
+    assert len(seen) == 1 and not elsewhere
+
+
+async def test_the_routers_own_headers_win_and_repeated_ones_are_kept(
+    harness: Harness, engine: Any
+) -> None:
+    """vLLM with --enable-request-id-headers echoes its own x-request-id: clients got two
+    and joined them; two Set-Cookie collapsed to one; TE and Proxy-Connection passed."""
+
+    async def answer(request: web.Request) -> web.Response:
+        resp = web.json_response({"object": "text_completion", "choices": []})
+        for name, value in (("x-request-id", "engine-rid"), ("X-Kvroute-Backend", "forged"),
+                            ("Set-Cookie", "a=1"), ("Set-Cookie", "b=2"), ("TE", "trailers"),
+                            ("Proxy-Connection", "keep-alive")):  # fmt: skip
+            resp.headers.add(name, value)
+        return resp
+
+    url, _ = await engine(answer)
+    client = await harness.router([url])
+    resp = await client.post("/v1/completions", data=BODY, headers={"x-request-id": "mine"})
+    assert resp.status == 200
+    assert resp.headers.getall("x-request-id") == ["mine"]
+    assert resp.headers.getall("x-kvroute-backend") == [url]
+    assert resp.headers.getall("Set-Cookie") == ["a=1", "b=2"]
+    assert "TE" not in resp.headers and "Proxy-Connection" not in resp.headers
+
+
+async def test_headers_the_clients_connection_names_stay_with_the_client(
+    harness: Harness, engine: Any
+) -> None:
+    url, seen = await engine(_sse)
+    client = await harness.router([url])
+    sent = {"Connection": "keep-alive, traceparent, User-Agent", "traceparent": "00-x",
+            "User-Agent": "probe", "tracestate": "k=v"}  # fmt: skip
+    resp = await client.post("/v1/completions", data=STREAM, headers=sent)
+    await resp.read()
+    assert "traceparent" not in seen[-1] and seen[-1].get("User-Agent") != "probe"
+    assert seen[-1]["tracestate"] == "k=v"
+
+
+async def test_a_transfer_coding_other_than_chunked_is_501(harness: Harness) -> None:
+    b = await harness.backend()
+    client = await harness.router([b.url])
+    chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(BODY), BODY)
+    raw = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: gzip, chunked\r\n\r\n" + chunked
+    )
+    answer = await _exchange(client.port, raw)
+    assert answer.startswith(b"HTTP/1.1 501"), answer[:200]
+    assert b"Connection: close" in answer and not b.state.requests
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n",
+        b"POST /v1/nope HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n",
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 999999999\r\n\r\n",
+    ],
+    ids=["upgrade", "expect-404", "declared-413"],
+)
+async def test_answers_that_leave_the_connection_unusable_close_it(
+    harness: Harness, raw: bytes
+) -> None:
+    """An upgrade never switched swallowed the requests pipelined after it; a 404 to a
+    client waiting for 100 Continue (aiohttp's own expect handler sends that one before
+    the 404), and a 413 for a declared length, kept the connection (aiohttp then read and
+    dropped up to the whole body for 10 s)."""
+    b = await harness.backend()
+    client = await harness.router([b.url])
+    answer = await _exchange(client.port, raw)
+    assert b"Connection: close" in answer.split(b"\r\n\r\n")[0], answer
+
+
+async def test_a_compressed_body_over_a_kilobyte_inflates_off_the_loop(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The work is the output's (a 32 KB gzip of 32 MiB held the loop 120-270 ms): only
+    bodies under a kilobyte inflate on the loop."""
+    from kvroute.router import body as body_module
+
+    threaded: list[int] = []
+    real = asyncio.to_thread
+
+    async def to_thread(func: Any, *args: Any, **kwargs: Any) -> Any:
+        if func is body_module.inflate:
+            threaded.append(len(args[0]))
+        return await real(func, *args, **kwargs)
+
+    monkeypatch.setattr(body_module.asyncio, "to_thread", to_thread)
+    b = await harness.backend()
+    client = await harness.router([b.url])
+    words = random.Random(0).choices(["alpha", "beta", "gamma", "delta"], k=4000)
+    big = json.dumps({"model": "m1", "prompt": " ".join(words), "max_tokens": 1}).encode()
+    headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+    for body in (BODY, big):
+        resp = await client.post("/v1/completions", data=gzip.compress(body), headers=headers)
+        assert resp.status == 200, await resp.text()
+    assert threaded == [len(gzip.compress(big))]

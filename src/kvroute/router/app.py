@@ -54,6 +54,7 @@ _HTTP_ERRORS = {
     404: ("invalid_request_error", "not_found"),
     405: ("invalid_request_error", "method_not_allowed"),
     413: ("invalid_request_error", "request_too_large"),
+    501: ("invalid_request_error", "transfer_coding_not_implemented"),
     505: ("invalid_request_error", "http_version_not_supported"),
 }
 
@@ -276,8 +277,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         response = _error_response(exc.status, message, error_type, code, _request_id(request))
         if "Allow" in exc.headers:  # a 405 says which methods the path takes
             response.headers["Allow"] = exc.headers["Allow"]
-        if exc.status == 505:
-            response.force_close()
+        if exc.status in (501, 505):
+            response.force_close()  # the connection's framing is not one the router reads
         return response
     except asyncio.CancelledError:
         status = 499  # client closed the connection (nginx's convention)

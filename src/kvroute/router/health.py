@@ -75,7 +75,9 @@ async def probe(state: RouterState, rt: BackendRuntime) -> None:
     ok, error = False, None
     path = "/health"
     try:
-        async with session.get(rt.url + path, timeout=timeout, headers=headers) as r:
+        async with session.get(
+            rt.url + path, timeout=timeout, headers=headers, allow_redirects=False
+        ) as r:
             await read_capped(r, path, PROBE_MAX_BYTES)
             ok = r.status == 200
             error = None if ok else f"/health answered {r.status}"
@@ -118,7 +120,9 @@ async def _models(
     timeout: aiohttp.ClientTimeout,
     headers: dict[str, str],
 ) -> list[dict[str, Any]] | None:
-    async with session.get(url + "/v1/models", timeout=timeout, headers=headers) as r:
+    async with session.get(
+        url + "/v1/models", timeout=timeout, headers=headers, allow_redirects=False
+    ) as r:
         raw = await read_capped(r, "/v1/models", PROBE_MAX_BYTES)
         if r.status != 200:
             return None

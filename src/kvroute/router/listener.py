@@ -43,6 +43,7 @@ log = logging.getLogger("kvroute.router.listener")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 SERVER_HEADER = "kvroute"  # instead of aiohttp's "Python/3.x aiohttp/3.x.y"
+DRAIN_MARGIN_S = 2.0  # aiohttp's shutdown waits this much past the router's drain
 
 
 class ApiRequestHandler(RequestHandler):
@@ -122,10 +123,21 @@ async def server_header(request: web.Request, response: web.StreamResponse) -> N
     """An on_response_prepare hook: every response names kvroute, not its stack; an
     HTTP/1.0 answer of no known length (a stream) closes its connection, the only end
     an HTTP/1.0 client can see (aiohttp 3.14 keeps a keep-alive one open after it: the
-    client waited for the keep-alive timeout)."""
+    client waited for the keep-alive timeout).
+
+    Also closed: a connection that asked to upgrade (never switched, no 101: aiohttp
+    takes what follows for the new protocol's bytes, so pipelined requests were lost),
+    and one whose client waits for "100 Continue" and got this answer instead (the body
+    it holds back is not read past)."""
     response.headers["Server"] = SERVER_HEADER
-    if request.version < HttpVersion11 and response.content_length is None:
+    if (
+        (request.version < HttpVersion11 and response.content_length is None)
+        or "Upgrade" in request.headers
+        or ("Expect" in request.headers and not request.content.is_eof())
+    ):
         response.force_close()
+        if request.version >= HttpVersion11:  # aiohttp wrote its headers before this hook
+            response.headers["Connection"] = "close"
 
 
 def is_operator_path(path: str) -> bool:
@@ -141,6 +153,11 @@ async def listener_middleware(request: web.Request, handler: Handler) -> web.Str
     try:
         if request.version.major != 1:  # "HTTP/2.0" in an HTTP/1 request line
             raise web.HTTPVersionNotSupported()
+        coding = request.headers.get("Transfer-Encoding")
+        if coding is not None and coding.strip().lower() != "chunked":
+            # RFC 9112 6.1: a transfer coding the router does not apply (gzip, chunked)
+            raise web.HTTPNotImplemented()
+
         path = request.path
         role = conn.role if conn is not None else "all"
         if role != "all" and path != "/health" and is_operator_path(path) != (role == "admin"):
@@ -263,7 +280,9 @@ async def start_listeners(
     runner = web.AppRunner(
         app,
         handler_cancellation=True,  # a client disconnect cancels its upstream request
-        shutdown_timeout=config.drain_timeout_s,
+        # the app ends what is left at drain_timeout_s (app._end_drain) and answers it;
+        # aiohttp's own cut must come after that, or it races the answers being written
+        shutdown_timeout=config.drain_timeout_s + DRAIN_MARGIN_S,
         access_log=None,
         keepalive_timeout=server.keepalive_s,
         auto_decompress=False,  # bodies inflate bounded by the limit (router/body.py)

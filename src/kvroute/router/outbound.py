@@ -78,6 +78,9 @@ def outbound_headers(
 ) -> dict[str, str]:
     """The headers of one attempt on ``url`` for request id ``rid`` (module doc)."""
     h = request.headers
+    # fields the client's Connection names were for its hop only (RFC 9110 7.6.1)
+    connection = h.get("Connection")
+    hop = {t.strip().lower() for t in connection.split(",")} if connection else set()
     headers = {
         "Content-Type": "application/json",
         "x-request-id": rid,
@@ -89,16 +92,16 @@ def outbound_headers(
         headers["Accept"] = "text/event-stream"
     rt = state.backends.get(url)
     auth = rt.auth_header if rt is not None else None
-    if auth is None and not state.gate.require_key:
+    if auth is None and not state.gate.require_key and "authorization" not in hop:
         auth = h.get("Authorization")  # no router keys: the client's key is the backend's
     if auth:
         headers["Authorization"] = auth
-    accept = h.get("Accept")
+    accept = h.get("Accept") if "accept" not in hop else None
     if accept and not plan.assembled:
         headers["Accept"] = accept
     for name in FORWARDED_HEADERS:
         value = h.get(name)
-        if value is not None:
+        if value is not None and name.lower() not in hop:
             headers[name] = value
     peer = request.remote
     if peer:

@@ -35,6 +35,7 @@ from typing import Any
 import aiohttp
 import msgspec
 from aiohttp import web
+from multidict import CIMultiDict
 
 from kvroute.core.load import Ticket
 from kvroute.core.policy.base import Decision
@@ -78,7 +79,7 @@ def _decode_usage(data: bytes) -> Any:
 
 def _headers(
     resp: aiohttp.ClientResponse, ticket: Ticket, decision: Decision, rid: str
-) -> dict[str, str]:
+) -> CIMultiDict[str]:
     headers = copy_response_headers(resp)
     headers["x-kvroute-backend"] = ticket.url
     headers["x-kvroute-decision"] = decision.reason
@@ -138,7 +139,7 @@ async def _relay_whole(
     request: web.Request,
     resp: aiohttp.ClientResponse,
     ticket: Ticket,
-    headers: dict[str, str],
+    headers: CIMultiDict[str],
     deadline: Deadline,
     plan: AnswerPlan,
 ) -> tuple[bool, web.StreamResponse]:
@@ -170,7 +171,7 @@ async def _relay_assembled(
     request: web.Request,
     resp: aiohttp.ClientResponse,
     ticket: Ticket,
-    headers: dict[str, str],
+    headers: CIMultiDict[str],
     deadline: Deadline,
     plan: AnswerPlan,
 ) -> tuple[bool, web.StreamResponse]:
@@ -265,7 +266,7 @@ async def _relay_stream(
     request: web.Request,
     resp: aiohttp.ClientResponse,
     ticket: Ticket,
-    headers: dict[str, str],
+    headers: CIMultiDict[str],
     total: Deadline,
     plan: AnswerPlan,
 ) -> tuple[bool, web.StreamResponse]:
@@ -411,7 +412,7 @@ _USAGE_TAIL_BYTES = 4096  # a usage chunk is a few hundred bytes
 def _stream_usage(tail: bytes) -> Any:
     """The ``usage`` of the stream's usage chunk (``stream_options.include_usage``, asked
     by the client), found in the stream's last bytes. SSE lines may end with LF, CRLF or
-    CR (the assembler reads the same), and ``data:`` may go without its space."""
+    CR (the assembler reads LF and CRLF: no engine sends bare CR), and ``data:`` may go without its space."""
     if b'"prompt_tokens"' not in tail:
         return None
     if b"\r" in tail:

@@ -28,7 +28,7 @@ async def scrape(state: RouterState, rt: BackendRuntime) -> str | None:
     timeout = aiohttp.ClientTimeout(total=state.config.health.timeout_s)
     try:
         async with session.get(
-            rt.url + "/metrics", timeout=timeout, headers=probe_headers(rt)
+            rt.url + "/metrics", timeout=timeout, headers=probe_headers(rt), allow_redirects=False
         ) as r:
             if r.status != 200:
                 return f"/metrics answered {r.status}"

@@ -2,7 +2,7 @@
 
 Failures before any of the answer was relayed become ``AttemptFailed``. Only those that
 say the backend could not take the request (``refused``: a connect error, a 503 or
-429, a 2xx that is no API answer) are
+429, a 2xx that is no API answer, a redirect, never followed) are
 retried on another backend and count against its circuit; the rest (another 5xx, a
 dropped connection, a timeout) may be what this body caused, so they go back to the
 client and blame no backend.
@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import aiohttp
+from multidict import CIMultiDict
 
 from kvroute.router.cutoff import cutoff_at
 from kvroute.router.errors import BackendBusy, BackendFailed, BackendTimeout
@@ -39,8 +40,13 @@ SKIP_RESPONSE_HEADERS = frozenset(
         "date",
         "server",
         "proxy-authenticate",
+        "proxy-connection",
+        "te",
         "trailer",
         "upgrade",
+        # the router's own: an engine's copy (vLLM's --enable-request-id-headers echoes
+        # its request id) would go out beside the router's, and clients join the two
+        "x-request-id",
     }
 )
 
@@ -115,7 +121,10 @@ async def open_upstream(
     """
     try:
         async with cutoff_at(deadline.at):
-            resp = await session.post(url, data=_payload(body), headers=headers)
+            # never follow a redirect: it would send the prompt on to wherever it points
+            resp = await session.post(
+                url, data=_payload(body), headers=headers, allow_redirects=False
+            )
     except aiohttp.ClientConnectorError as exc:
         raise AttemptFailed("connect", f"{url}: cannot connect: {_reason(exc.os_error)}") from None
     except aiohttp.ConnectionTimeoutError:  # sock_connect: no connection, nothing sent
@@ -139,6 +148,14 @@ async def open_upstream(
         after = resp.headers.get("Retry-After", "")
         after = after if after.isdigit() and len(after) <= 5 else None  # seconds, sane
         raise AttemptFailed(cause, msg, timeout=resp.status == 504, retry_after=after)
+    if 300 <= resp.status < 400:
+        where = resp.headers.get("Location", "")[:120]
+        resp.close()
+        raise AttemptFailed(
+            "not_api",
+            f"{url} answered {resp.status} (a redirect to {where!r}): kvroute does not follow "
+            "an engine's redirects; configure the backend by the URL that answers",
+        )
     if resp.status < 300 and not _is_api_answer(resp):
         ctype = resp.headers.get("Content-Type", "")[:80]
         resp.close()
@@ -179,11 +196,17 @@ async def _error_detail(resp: aiohttp.ClientResponse) -> str:
         resp.close()
 
 
-def copy_response_headers(resp: aiohttp.ClientResponse) -> dict[str, str]:
-    """The answer's end-to-end headers: also without those its Connection header names,
-    which are hop-by-hop for that one connection (RFC 9110 section 7.6.1)."""
+def copy_response_headers(resp: aiohttp.ClientResponse) -> CIMultiDict[str]:
+    """The answer's end-to-end headers, repeated ones (Set-Cookie) kept: without the
+    hop-by-hop ones, those its Connection header names (RFC 9110 section 7.6.1), and the
+    router's own (``x-request-id``, ``x-kvroute-*``), which the router sets."""
     skip = SKIP_RESPONSE_HEADERS
     connection = resp.headers.get("Connection")
     if connection:
         skip = skip | {t.strip().lower() for t in connection.split(",")}
-    return {k: v for k, v in resp.headers.items() if k.lower() not in skip}
+    out: CIMultiDict[str] = CIMultiDict()
+    for k, v in resp.headers.items():
+        lower = k.lower()
+        if lower not in skip and not lower.startswith("x-kvroute-"):
+            out.add(k, v)
+    return out
