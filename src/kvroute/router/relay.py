@@ -412,7 +412,8 @@ _USAGE_TAIL_BYTES = 4096  # a usage chunk is a few hundred bytes
 def _stream_usage(tail: bytes) -> Any:
     """The ``usage`` of the stream's usage chunk (``stream_options.include_usage``, asked
     by the client), found in the stream's last bytes. SSE lines may end with LF, CRLF or
-    CR (the assembler reads LF and CRLF: no engine sends bare CR), and ``data:`` may go without its space."""
+    CR (the assembler reads LF and CRLF only: no engine sends bare CR), and ``data:``
+    may go without its space."""
     if b'"prompt_tokens"' not in tail:
         return None
     if b"\r" in tail:
