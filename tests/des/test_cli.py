@@ -173,3 +173,58 @@ def test_a_run_whose_requests_all_failed_shows_no_ttft_and_says_why(tmp_path, ca
     row = next(line for line in printed.splitlines() if line.startswith("round_robin"))
     assert row.count("n/a") >= 2
     assert "Failed requests by reason" in printed and "max_model_len" in printed
+
+
+def _trace(tmp_path, rows: list[str]):
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(r + "\n" for r in rows))
+    return path
+
+
+def test_quantised_timestamps_are_spread_and_the_run_says_so(tmp_path, capsys) -> None:
+    """Two bursts of rows at t=0 and t=60 s were spread over 60 s each, silently."""
+    row = '{"timestamp": %d, "input_length": 100, "output_length": 2, "hash_ids": [%d]}'
+    trace = _trace(tmp_path, [row % (t, i) for t in (0, 60000) for i in range(6)])
+    args = ["simulate", "--workload", f"mooncake:{trace}", "--backends", "1"]
+    args += ["--routers", "round_robin", "--quiet", "--no-plots"]
+    assert main([*args, "--out", str(tmp_path / "a")]) == 0
+    assert "quantised to 60000 ms" in capsys.readouterr().err
+    assert main([*args, "--out", str(tmp_path / "b"), "--workload-arg", "spread_ms=0"]) == 0
+    assert "quantised" not in capsys.readouterr().err
+
+
+def test_a_row_longer_than_its_blocks_is_sent_at_its_length(tmp_path, capsys) -> None:
+    """input_length 4,000 behind one 512-token block was sent as 1,024 tokens."""
+    trace = _trace(tmp_path, ['{"timestamp": 0, "input_length": 4000, "output_length": 1, '
+                              '"hash_ids": [1]}'])  # fmt: skip
+    out = tmp_path / "run"
+    args = ["simulate", "--workload", f"mooncake:{trace}", "--backends", "1"]
+    run = [*args, "--routers", "round_robin", "--out", str(out), "--quiet", "--no-plots"]
+    assert main(run) == 0
+    capsys.readouterr()
+    result = json.loads((out / "compare.json").read_text())["round_robin"]
+    assert result["total_input_tokens"] == 4000
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        (["--backends", "2", "--backend-urls", "http://a:1,http://a:1"], "twice"),
+        (["--backends", "2", "--backend-urls", "a b,http://c:1"], "backend"),
+        (["--workload-arg", "input_scale=inf"], "input_scale"),
+    ],
+)
+def test_bad_trace_and_url_options_are_one_line_errors(tmp_path, capsys, extra, said) -> None:
+    trace = _trace(tmp_path, ['{"timestamp": 0, "input_length": 10, "output_length": 1, '
+                              '"hash_ids": [1]}'])  # fmt: skip
+    args = ["simulate", "--workload", f"mooncake:{trace}", "--routers", "round_robin"]
+    assert main([*args, *extra, "--out", str(tmp_path / "r"), "--quiet", "--no-plots"]) == 2
+    err = capsys.readouterr().err
+    assert said in err and "Traceback" not in err
+
+
+def test_a_profile_number_yaml_reads_as_text_says_how_to_write_it() -> None:
+    from kvroute.engine.profiles import _check_float
+
+    with pytest.raises(ValueError, match=r"write it with a dot, e.g. 1.0e-6"):
+        _check_float("c_ms_per_pair", "1e-6")

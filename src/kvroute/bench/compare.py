@@ -116,6 +116,20 @@ def build_workload(config: CompareConfig) -> Workload:
     return TimeScaled(inner, config.speedup)
 
 
+def spread_note(workload: Workload) -> str | None:
+    """What a trace replay does to timestamps it finds quantised (most rows share one),
+    unless ``spread_ms`` was given: the user should know their arrivals were moved."""
+    inner = getattr(workload, "inner", workload)
+    bucket = getattr(inner, "bucket_ms", 0.0)
+    if not bucket or getattr(inner.params, "spread_ms", None) is not None:
+        return None
+    return (
+        f"the trace's timestamps look quantised to {bucket:g} ms (most rows share one): "
+        f"each row arrives at a uniform point of its {bucket:g} ms; "
+        "--workload-arg spread_ms=0 replays them as written"
+    )
+
+
 def build_load(config: CompareConfig, workload: Workload, model: str | None = None) -> LoadConfig:
     """The workload's default load with the overrides, scaled to the engines' speed.
 
@@ -268,7 +282,10 @@ async def run_compare_async(
 ) -> dict[str, RouterOutcome]:
     """Every router of ``config`` in order; ``notify`` gets one line per router event."""
     say = notify or (lambda _msg: None)
-    build_load(config, build_workload(config))  # bad workload or load: ValueError now
+    workload = build_workload(config)
+    build_load(config, workload)  # bad workload or load: ValueError now
+    if note := spread_note(workload):
+        say(note)
     outcomes: dict[str, RouterOutcome] = {}
     with contextlib.ExitStack() as stack:
         log_dir = config.log_dir

@@ -41,7 +41,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kvroute.bench.compare import CompareConfig, RouterOutcome, build_load, build_workload
+from kvroute.bench.compare import (
+    CompareConfig,
+    RouterOutcome,
+    build_load,
+    build_workload,
+    spread_note,
+)
 from kvroute.bench.compare_cli import (
     add_fleet_and_load_options,
     config_from_args,
@@ -76,6 +82,7 @@ from kvroute.des.simulation import (
     simulate_router,
 )
 from kvroute.engine.profiles import EngineProfile
+from kvroute.router.config_sections import normalize_url
 from kvroute.sim.profiles import get_profile
 
 BASELINE = "round_robin"  # --plan's savings are against it
@@ -165,10 +172,17 @@ def main(args: argparse.Namespace) -> int:
         config = config_from_args(args, out)
         profile = get_profile(config.profile)
         timing = Timing(args.request_overhead_ms / 1000.0, args.kv_event_delay_ms / 1000.0)
-        load = build_load(config, build_workload(config), profile.name)
+        workload = build_workload(config)
+        load = build_load(config, workload, profile.name)
+        if note := spread_note(workload):
+            print(f"kvroute simulate: note: {note}", file=sys.stderr)
         if args.backend_urls is not None and len(args.backend_urls) != config.num_backends:
             raise ValueError(f"--backend-urls names {len(args.backend_urls)}, --backends is "
                              f"{config.num_backends}")  # fmt: skip
+        if args.backend_urls is not None:  # as the router takes them: checked before a run
+            urls = [normalize_url(u) for u in args.backend_urls]
+            if len(set(urls)) != len(urls):
+                raise ValueError("--backend-urls names one backend twice")
         if args.plan:
             pricing = _plan_pricing(args, profile.gpus)
         if config.router_config is not None:  # its errors before any run, not in one

@@ -70,7 +70,17 @@ def _check_float(field: str, value: object) -> None:
         or not math.isfinite(value)
         or value < 0
     ):
-        raise ValueError(f"profile field {field!r} must be a finite number >= 0, got {value!r}")
+        hint = ""
+        if isinstance(value, str):
+            try:
+                float(value)
+                # YAML 1.1 (PyYAML) reads an exponent without a dot (1e-6) as text
+                hint = " (text, not a number: write it with a dot, e.g. 1.0e-6, unquoted)"
+            except ValueError:
+                pass
+        raise ValueError(
+            f"profile field {field!r} must be a finite number >= 0, got {value!r}{hint}"
+        )
 
 
 def _row(

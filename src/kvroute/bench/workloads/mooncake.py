@@ -21,6 +21,7 @@ at its length (37.4 % for the conversation trace).
 from __future__ import annotations
 
 import itertools
+import math
 import random
 import statistics
 from collections.abc import Iterator, Sequence
@@ -50,6 +51,10 @@ class TraceRow:
             raise ValueError(f"bad trace row: {self}")
 
 
+# prompts at most this many times the trace's (a 512-token block becomes 51,200 tokens)
+MAX_INPUT_SCALE = 100.0
+
+
 @dataclass(frozen=True, slots=True)
 class MooncakeParams:
     """Replay options; a spread of None means: detect whether timestamps are quantised."""
@@ -66,6 +71,10 @@ class MooncakeParams:
     def __post_init__(self) -> None:
         if not self.speedup > 0 or not self.input_scale > 0:
             raise ValueError("MooncakeParams.speedup and input_scale must be > 0")
+        if not math.isfinite(self.speedup) or not self.input_scale <= MAX_INPUT_SCALE:
+            raise ValueError(
+                f"MooncakeParams.speedup must be finite and input_scale at most {MAX_INPUT_SCALE:g}"
+            )
         if self.max_requests < 0 or self.output_cap < 0:
             raise ValueError("MooncakeParams.max_requests and output_cap must be >= 0")
         if self.spread_ms is not None and self.spread_ms < 0:
@@ -213,7 +222,8 @@ class MooncakeReplay(Workload):
         if needed > len(row.hash_ids):
             # scaled rows may round one word past the blocks: repeat the first words
             words = " ".join(texts).split(" ")
-            words.extend(words[: n - len(words)])
+            while len(words) < n:  # (a row longer than its blocks: repeat them to length)
+                words.extend(words[: n - len(words)])
             return " ".join(words[:n]), None
         texts[-1] = blocks[-1].head(n - (needed - 1) * size)  # the last block, cut
         return " ".join(texts), prompt_token_ids(blocks, n)
