@@ -228,3 +228,18 @@ def test_a_profile_number_yaml_reads_as_text_says_how_to_write_it() -> None:
 
     with pytest.raises(ValueError, match=r"write it with a dot, e.g. 1.0e-6"):
         _check_float("c_ms_per_pair", "1e-6")
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        (["--slo-ttft-p99", "1"], "--slo-ttft-p99: only with --plan"),
+        (["--max-backends", "4"], "--max-backends: only with --plan"),
+        (["--plan", "--slo-ttft-p99", "1", "--gpu-cost-per-hour", "2", "--no-ceilings"],
+         "--no-ceilings: not used by --plan"),
+    ],
+)  # fmt: skip
+def test_options_a_run_would_ignore_are_refused(tmp_path, capsys, extra, said) -> None:
+    args = ["simulate", "--workload", "gsp", "--routers", "round_robin", "--quiet"]
+    assert main([*args, *extra, "--out", str(tmp_path), "--no-plots"]) == 2
+    assert said in capsys.readouterr().err

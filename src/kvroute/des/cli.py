@@ -185,6 +185,22 @@ def main(args: argparse.Namespace) -> int:
                 raise ValueError("--backend-urls names one backend twice")
         if args.plan:
             pricing = _plan_pricing(args, profile.gpus)
+            unused = (
+                ("--backend-urls", args.backend_urls),
+                ("--no-ceilings", args.no_ceilings),
+                ("--no-fast-forward", args.no_fast_forward),
+            )
+            ignored = [flag for flag, value in unused if value]
+            if ignored:
+                raise ValueError(f"{', '.join(ignored)}: not used by --plan")
+        else:
+            planning = [f for f, v in (("--slo-ttft-p99", args.slo_ttft_p99),
+                                       ("--gpu-cost-per-hour", args.gpu_cost_per_hour),
+                                       ("--min-backends", args.min_backends != 1),
+                                       ("--max-backends", args.max_backends != 1024))
+                        if v not in (None, False)]  # fmt: skip
+            if planning:
+                raise ValueError(f"{', '.join(planning)}: only with --plan")
         if config.router_config is not None:  # its errors before any run, not in one
             urls = [f"http://sim-{i}" for i in range(config.num_backends)]
             for name in config.routers:
