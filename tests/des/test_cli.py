@@ -243,3 +243,18 @@ def test_options_a_run_would_ignore_are_refused(tmp_path, capsys, extra, said) -
     args = ["simulate", "--workload", "gsp", "--routers", "round_robin", "--quiet"]
     assert main([*args, *extra, "--out", str(tmp_path), "--no-plots"]) == 2
     assert said in capsys.readouterr().err
+
+
+def test_a_trace_after_its_warm_up_starts_at_its_first_measured_row(tmp_path, capsys) -> None:
+    """The measured rows kept their trace offsets: 100 warm-up rows 250 ms apart left a
+    25-s idle gap at the start of the measured run and halved its req/s."""
+    row = '{"timestamp": %d, "input_length": 50, "output_length": 1, "hash_ids": [%d]}'
+    trace = _trace(tmp_path, [row % (250 * i, i) for i in range(40)])
+    args = ["simulate", "--workload", f"mooncake:{trace}", "--backends", "1", "--num-warmup"]
+    args += ["20", "--routers", "round_robin", "--quiet", "--no-plots", "--out", str(tmp_path)]
+    assert main(args) == 0
+    capsys.readouterr()
+    lines = (tmp_path / "round_robin" / "records.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    starts = sorted(r["start_s"] for r in records if not r.get("warmup"))
+    assert len(starts) == 20 and starts[0] < 0.1

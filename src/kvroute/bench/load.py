@@ -124,10 +124,16 @@ def timed_sessions(
     load: LoadConfig, sessions: Iterator[Session], rng: random.Random
 ) -> Iterator[tuple[float, Session]]:
     """(send offset from the run start, session) of an open or trace run: Gamma arrivals
-    drawn from ``rng`` (open), the first turn's ``arrival_s`` (trace)."""
+    drawn from ``rng`` (open), the first turn's ``arrival_s`` (trace). After a warm-up
+    (which took the trace's first rows) the measured rows start at the first of them,
+    not at their place in the trace (an idle gap the length of the warm-up's rows)."""
     if load.mode == "trace":
+        shift: float | None = None if load.num_warmup else 0.0
         for session in sessions:
-            yield (session[0].arrival_s or 0.0), session
+            at = session[0].arrival_s or 0.0
+            if shift is None:
+                shift = at
+            yield at - shift, session
         return
     offsets = arrival_offsets(
         rng, load.rates, load.burstiness, num_requests=load.num_requests,
