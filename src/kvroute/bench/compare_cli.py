@@ -164,7 +164,11 @@ def add_fleet_and_load_options(
     p.add_argument("--num-warmup", type=int, help="requests left out of the metrics")
     p.add_argument("--out", help=out_help)
     p.add_argument("--no-plots", action="store_true")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress bars or progress lines (--plan's per-fleet lines)",
+    )
 
 
 def add_run_options(p: argparse.ArgumentParser, *, out_help: str) -> None:
