@@ -222,3 +222,14 @@ def test_compare_outputs_carry_the_analysis_and_read_back(tmp_path, capsys):
     assert "round_robin" in printed and "kvroute: what each kind of decision cost" in printed
     assert "+28.0 pp" in printed  # 2 windows of 2.45 s: 7 of 25 diverted, then 14 of 25
     assert main(["compare", "--analyze", str(tmp_path / "missing")]) == 2
+
+
+def test_short_windows_are_labelled_to_a_tenth_of_a_second():
+    """A 3-s run's five windows all read "0-0" in whole seconds."""
+    short = analyze([rec(t / 4, "prefix") for t in range(12)], 5)
+    assert short is not None
+    labels = [line.split()[0] for line in format_analysis("k", short).splitlines()[2:7]]
+    assert labels[0] == "0.0-0.6" and len(set(labels)) == 5
+    long = analyze([rec(float(t) * 10, "prefix") for t in range(12)], 5)
+    assert long is not None
+    assert format_analysis("k", long).splitlines()[2].split()[0] == "0-22"

@@ -327,9 +327,12 @@ def format_analysis(name: str, analysis: DecisionAnalysis) -> str:
         f"({DIVERSION} share, last window - first): {trend_text}"
     ]
     rows = [["window (s)", "req", *(f"{r} %" for r in reasons), "hit %", "P50 TTFT ms"]]
-    for w in analysis.timeline:
+    timeline = analysis.timeline
+    # whole seconds, unless a window is shorter than 10 s (a short run: "0-0" five times)
+    digits = 1 if timeline and min(w.end_s - w.start_s for w in timeline) < 10 else 0
+    for w in timeline:
         shares = [_pct(w.decision_share.get(r, 0.0)) if w.decision_share else "-" for r in reasons]
-        span = f"{w.start_s:.0f}-{w.end_s:.0f}"
+        span = f"{w.start_s:.{digits}f}-{w.end_s:.{digits}f}"
         rows.append([span, str(w.num_requests), *shares, _pct(w.hit_rate), _num(w.p50_ttft_ms)])
     lines += _grid(rows)
     lines.append(f"{name}: what each kind of decision cost")
