@@ -10,10 +10,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from kvroute.bench.fake_backend import FakeBackend
@@ -105,3 +106,37 @@ async def harness() -> AsyncIterator[Harness]:
     current = asyncio.current_task()
     pending = [t for t in asyncio.all_tasks() if t is not current and not t.done()]
     assert not pending, f"tasks left pending: {pending}"
+
+
+Answer = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[Callable[[Answer], Awaitable[tuple[str, list[Any]]]]]:
+    """Starts a loopback engine whose completions answer is ``answer``; returns its URL
+    and the list of the headers each completion request came with."""
+    servers: list[TestServer] = []
+
+    async def start(answer: Answer) -> tuple[str, list[Any]]:
+        seen: list[Any] = []
+
+        async def completions(request: web.Request) -> web.StreamResponse:
+            await request.read()
+            seen.append(request.headers.copy())
+            return await answer(request)
+
+        async def models(request: web.Request) -> web.Response:
+            return web.json_response({"object": "list", "data": [{"id": "m1"}]})
+
+        app = web.Application()
+        app.router.add_post("/v1/completions", completions)
+        app.router.add_get("/v1/models", models)
+        app.router.add_get("/health", models)
+        server = TestServer(app, host="127.0.0.1")
+        await server.start_server()
+        servers.append(server)
+        return str(server.make_url("")).rstrip("/"), seen
+
+    yield start
+    for s in servers:
+        await s.close()

@@ -3,12 +3,10 @@ kvroute must probe, retry, read usage and end streams right with each."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestServer
 
 from tests.router.conftest import Harness
 
@@ -45,35 +43,19 @@ async def test_an_overloaded_429_is_retried_on_another_backend_like_a_503(
 
 
 @pytest.fixture
-async def canned() -> AsyncIterator[Any]:
+async def canned(engine: Any) -> Any:
     """Starts loopback engines answering POSTs with the given JSON answers in turn."""
-    servers: list[TestServer] = []
 
     async def start(answers: list[dict[str, Any]]) -> str:
         queue = list(answers)
 
         async def answer(request: web.Request) -> web.Response:
-            await request.read()
             return web.json_response(queue.pop(0))
 
-        async def models(request: web.Request) -> web.Response:
-            return web.json_response({"object": "list", "data": [{"id": "m1"}]})
+        url, _ = await engine(answer)
+        return str(url)
 
-        async def health(request: web.Request) -> web.Response:
-            return web.Response()
-
-        app = web.Application()
-        app.router.add_post("/v1/completions", answer)
-        app.router.add_get("/v1/models", models)
-        app.router.add_get("/health", health)
-        server = TestServer(app, host="127.0.0.1")
-        await server.start_server()
-        servers.append(server)
-        return str(server.make_url("")).rstrip("/")
-
-    yield start
-    for s in servers:
-        await s.close()
+    return start
 
 
 def _answer(usage: dict[str, Any], **extra: Any) -> dict[str, Any]:

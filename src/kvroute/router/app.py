@@ -261,10 +261,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             message = hide_backend_urls(state, message)
         response = _error_response(exc.status, message, exc.error_type, exc.code, rid)
         response.headers.update(exc.headers)
-        if exc.close or ("Expect" in request.headers and not request.content.is_eof()):
-            # says "Connection: close" instead of a silent hang-up; a client that waits
-            # for 100 Continue and got this instead sends no body to read past
-            response.force_close()
+        if exc.close:
+            response.force_close()  # says "Connection: close" instead of a silent hang-up
         return response
     except web.HTTPException as exc:
         if exc.status < 400:

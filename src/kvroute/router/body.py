@@ -4,8 +4,9 @@ The router's listeners leave bodies as they came (``auto_decompress=False``) and
 ``gzip`` or ``deflate`` body is inflated here with its output bounded by the limit:
 aiohttp's parser inflates each received chunk as a whole before the size check, so a
 1 MB gzip bomb took the router's memory up by 220 MB before its 413. A server that does
-inflate (aiohttp's default, as in tests) is read as before. Any other encoding is 415;
-a body that is not what its header says, 400 (not a router error, 500).
+inflate (aiohttp's default, a test server started without the option) is read as
+before. Any other encoding is 415; a body that is not what its header says, 400 (not a
+router error, 500).
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from kvroute.router.clients import is_trusted
 from kvroute.router.relay import AnswerPlan
 from kvroute.router.route_request import OFF_LOOP_KEYS_BYTES
 from kvroute.router.state import RouterState
+from kvroute.router.upstream import connection_tokens
 
 # engines (a model card's "owned_by") whose stream is assembled for non-streaming clients:
 # their chunks and whole answers were checked to match (vLLM, and the simulator)
@@ -78,9 +79,7 @@ def outbound_headers(
 ) -> dict[str, str]:
     """The headers of one attempt on ``url`` for request id ``rid`` (module doc)."""
     h = request.headers
-    # fields the client's Connection names were for its hop only (RFC 9110 7.6.1)
-    connection = h.get("Connection")
-    hop = {t.strip().lower() for t in connection.split(",")} if connection else set()
+    hop = connection_tokens(h)  # the client's hop-by-hop fields: not passed on
     headers = {
         "Content-Type": "application/json",
         "x-request-id": rid,

@@ -32,7 +32,7 @@ from kvroute.core.sessions import session_result
 from kvroute.router.body import read_body
 from kvroute.router.errors import KvrouteError, NoHealthyBackend
 from kvroute.router.outbound import OutboundBody, outbound_headers
-from kvroute.router.relay import relay
+from kvroute.router.relay import DRAINED, relay
 from kvroute.router.route_request import route_request
 from kvroute.router.state import NOTE, STATE, RouterState
 from kvroute.router.upstream import AttemptFailed, Deadline, open_upstream
@@ -58,10 +58,9 @@ async def _handle(request: web.Request, path: str, *, chat: bool) -> web.StreamR
     if state.shutting_down:
         raise NoHealthyBackend("router is shutting down")
     admitted = state.gate.admit(request.headers.get("Authorization"))
-    state.num_in_flight += 1
     task = asyncio.current_task()
-    if task is not None:
-        state.handlers.add(task)
+    assert task is not None, "aiohttp runs each handler in a task"
+    state.handlers.add(task)
     try:
         raw = await read_body(request, state.config.limits.max_body_bytes)
         t0 = state.clock()
@@ -71,16 +70,13 @@ async def _handle(request: web.Request, path: str, *, chat: bool) -> web.StreamR
         upstream.text_bytes = text_bytes
         return await _forward(state, request, route_req, upstream, path)
     except asyncio.CancelledError:
-        if state.drain_expired and task is not None:  # cut by the drain, not the client
+        if state.drain_expired:  # cut by the drain, not the client
             task.uncancel()
-            raise NoHealthyBackend(
-                "the router shut down before the answer was complete (drain_timeout_s)"
-            ) from None
+            raise NoHealthyBackend(DRAINED) from None
         state.metrics.client_disconnects.inc()  # aiohttp cancels a handler on disconnect
         raise
     finally:
-        state.num_in_flight -= 1
-        state.handlers.discard(task)  # type: ignore[arg-type]
+        state.handlers.discard(task)
         state.gate.release(admitted)
 
 

@@ -294,8 +294,7 @@ async def _relay_stream(
         if not state.drain_expired or task is None:
             raise
         task.uncancel()  # the router's drain ended it: tell the client why, not the backend
-        await _write_sse_error(out, _Drained("the router shut down before the answer was "
-                                             "complete (drain_timeout_s)"), relay.tail)  # fmt: skip
+        await _write_sse_error(out, _Drained(DRAINED), relay.tail)
         return True, out
     except (_Cut, aiohttp.ClientError, OSError) as exc:
         state.metrics.midstream_failures.labels(url).inc()
@@ -367,6 +366,10 @@ class _StreamRelay:
 
 class _Cut(Exception):
     """The router ends a silent stream; the message says why (sent in the SSE error)."""
+
+
+# why a request still running when the shutdown drain ran out was ended
+DRAINED = "the router shut down before the answer was complete (drain_timeout_s)"
 
 
 class _Drained(Exception):

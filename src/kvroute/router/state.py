@@ -37,14 +37,19 @@ class RouterState:
     shutting_down: bool = False  # /health answers 503 and new requests get 503
     # the drain's time is up: the handlers still running were cancelled to end now
     drain_expired: bool = False
-    num_in_flight: int = 0  # proxied requests being handled now
-    handlers: set[asyncio.Task[Any]] = field(default_factory=set)  # their tasks
+    # the tasks of the proxied requests being handled now (the drain cancels them)
+    handlers: set[asyncio.Task[Any]] = field(default_factory=set)
     # background tasks of this app (health, scraper, probes of added backends)
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
     # KV-event feeds (exact/auto mode; None in approximate mode); started at startup
     kv: KvEventSubscriber | None = None
     # served model -> its tokenizer for exact keys; others use the built-in one
     model_to_tokenizer: dict[str, PromptTokenizer] = field(default_factory=dict)
+
+    @property
+    def num_in_flight(self) -> int:
+        """Proxied requests being handled now."""
+        return len(self.handlers)
 
     def tokenizer_for(self, model: str | None) -> PromptTokenizer:
         """The tokenization the engines serving ``model`` use (exact-mode keys)."""

@@ -148,23 +148,18 @@ async def open_upstream(
         after = resp.headers.get("Retry-After", "")
         after = after if after.isdigit() and len(after) <= 5 else None  # seconds, sane
         raise AttemptFailed(cause, msg, timeout=resp.status == 504, retry_after=after)
-    if 300 <= resp.status < 400:
+    if 300 <= resp.status < 400:  # a redirect (never followed)
         where = resp.headers.get("Location", "")[:120]
-        resp.close()
-        raise AttemptFailed(
-            "not_api",
-            f"{url} answered {resp.status} (a redirect to {where!r}): kvroute does not follow "
-            "an engine's redirects; configure the backend by the URL that answers",
-        )
-    if resp.status < 300 and not _is_api_answer(resp):
+        why = (f"(a redirect to {where!r}): kvroute does not follow an engine's redirects; "
+               "configure the backend by the URL that answers")  # fmt: skip
+    elif resp.status < 300 and not _is_api_answer(resp):  # a 4xx goes back as it is
         ctype = resp.headers.get("Content-Type", "")[:80]
-        resp.close()
-        raise AttemptFailed(
-            "not_api",
-            f"{url} answered {resp.status} with Content-Type {ctype!r}, not JSON or an event "
-            "stream: is it an OpenAI-compatible server (a URL without /v1)?",
-        )
-    return resp
+        why = (f"with Content-Type {ctype!r}, not JSON or an event stream: is it an "
+               "OpenAI-compatible server (a URL without /v1)?")  # fmt: skip
+    else:
+        return resp
+    resp.close()
+    raise AttemptFailed("not_api", f"{url} answered {resp.status} {why}")
 
 
 # what an engine's success may be labelled: JSON, an event stream, or nothing said
@@ -196,14 +191,20 @@ async def _error_detail(resp: aiohttp.ClientResponse) -> str:
         resp.close()
 
 
+def connection_tokens(headers: Mapping[str, str]) -> frozenset[str]:
+    """The field names a message's Connection header lists (lower case): hop-by-hop for
+    that one connection, never passed on (RFC 9110 section 7.6.1)."""
+    connection = headers.get("Connection")
+    if not connection:
+        return frozenset()
+    return frozenset(t.strip().lower() for t in connection.split(","))
+
+
 def copy_response_headers(resp: aiohttp.ClientResponse) -> CIMultiDict[str]:
     """The answer's end-to-end headers, repeated ones (Set-Cookie) kept: without the
     hop-by-hop ones, those its Connection header names (RFC 9110 section 7.6.1), and the
     router's own (``x-request-id``, ``x-kvroute-*``), which the router sets."""
-    skip = SKIP_RESPONSE_HEADERS
-    connection = resp.headers.get("Connection")
-    if connection:
-        skip = skip | {t.strip().lower() for t in connection.split(",")}
+    skip = SKIP_RESPONSE_HEADERS | connection_tokens(resp.headers)
     out: CIMultiDict[str] = CIMultiDict()
     for k, v in resp.headers.items():
         lower = k.lower()
