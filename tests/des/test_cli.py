@@ -226,7 +226,7 @@ def test_bad_trace_and_url_options_are_one_line_errors(tmp_path, capsys, extra, 
 def test_a_profile_number_yaml_reads_as_text_says_how_to_write_it() -> None:
     from kvroute.engine.profiles import _check_float
 
-    with pytest.raises(ValueError, match=r"write it with a dot, e.g. 1.0e-6"):
+    with pytest.raises(ValueError, match=r"write it 1.0e-06, unquoted"):
         _check_float("c_ms_per_pair", "1e-6")
 
 

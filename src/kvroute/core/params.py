@@ -23,11 +23,12 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import enum
-import math
 import types
 import typing
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
+
+from kvroute.common.yaml_text import number_as_text_hint
 
 T = TypeVar("T")
 
@@ -197,10 +198,7 @@ def parse_value(tp: Any, value: object, key: str) -> Any:
     if tp in _SCALARS:
         ok, name = _SCALARS[tp]
         if not ok(value):
-            hint = ""
-            if tp in (int, float) and isinstance(value, str) and _reads_as_number(value):
-                # YAML 1.1 (PyYAML) reads 3e3 and 1_000.5 as text, and a quoted number is
-                hint = f" (text, not a number: write it {_numeric_spelling(value)}, unquoted)"
+            hint = number_as_text_hint(value) if tp in (int, float) else ""
             raise ConfigError(key, f"expected {name}, got {show(value)}{hint}")
         return float(value) if tp is float else value  # type: ignore[arg-type]
     if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
@@ -215,19 +213,6 @@ def parse_value(tp: Any, value: object, key: str) -> Any:
             for k, v in value.items()
         }
     return value
-
-
-def _reads_as_number(text: str) -> bool:
-    try:
-        return math.isfinite(float(text))
-    except ValueError:
-        return False
-
-
-def _numeric_spelling(text: str) -> str:
-    """How YAML 1.1 would read ``text`` as a number: with a dot before an exponent."""
-    value = float(text)
-    return repr(int(value)) if value.is_integer() and abs(value) < 1e15 else repr(value)
 
 
 def _is_number(value: object) -> bool:

@@ -88,6 +88,10 @@ from kvroute.sim.profiles import get_profile
 BASELINE = "round_robin"  # --plan's savings are against it
 
 
+# the fleet sizes --plan searches by default
+PLAN_MIN_BACKENDS, PLAN_MAX_BACKENDS = 1, 1024
+
+
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "simulate",
@@ -148,10 +152,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--gpu-cost-per-hour", type=finite, metavar="DOLLARS", help="price of one GPU-hour"
     )
     plan.add_argument(
-        "--min-backends", type=int, default=1, help="smallest fleet tried (default 1)"
+        "--min-backends", type=int, help=f"smallest fleet tried (default {PLAN_MIN_BACKENDS})"
     )
     plan.add_argument(
-        "--max-backends", type=int, default=1024, help="largest fleet tried (default 1024)"
+        "--max-backends", type=int, help=f"largest fleet tried (default {PLAN_MAX_BACKENDS})"
     )
     p.set_defaults(
         func=main,
@@ -196,9 +200,9 @@ def main(args: argparse.Namespace) -> int:
         else:
             planning = [f for f, v in (("--slo-ttft-p99", args.slo_ttft_p99),
                                        ("--gpu-cost-per-hour", args.gpu_cost_per_hour),
-                                       ("--min-backends", args.min_backends != 1),
-                                       ("--max-backends", args.max_backends != 1024))
-                        if v not in (None, False)]  # fmt: skip
+                                       ("--min-backends", args.min_backends),
+                                       ("--max-backends", args.max_backends))
+                        if v is not None]  # fmt: skip
             if planning:
                 raise ValueError(f"{', '.join(planning)}: only with --plan")
         if config.router_config is not None:  # its errors before any run, not in one
@@ -260,6 +264,10 @@ def _plan_pricing(args: argparse.Namespace, gpus_per_replica: int) -> Pricing:
         raise ValueError("--plan needs --slo-ttft-p99 SECONDS and --gpu-cost-per-hour DOLLARS")
     if args.slo_ttft_p99 <= 0 or args.gpu_cost_per_hour < 0:
         raise ValueError("--slo-ttft-p99 must be > 0 and --gpu-cost-per-hour >= 0")
+    if args.min_backends is None:
+        args.min_backends = PLAN_MIN_BACKENDS
+    if args.max_backends is None:
+        args.max_backends = PLAN_MAX_BACKENDS
     if not 1 <= args.min_backends <= args.max_backends:
         raise ValueError("need 1 <= --min-backends <= --max-backends")
     return Pricing(args.gpu_cost_per_hour, gpus_per_replica)

@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from kvroute.common.yaml_text import number_as_text_hint
+
 
 @dataclass(frozen=True, slots=True)
 class EngineProfile:
@@ -70,16 +72,9 @@ def _check_float(field: str, value: object) -> None:
         or not math.isfinite(value)
         or value < 0
     ):
-        hint = ""
-        if isinstance(value, str):
-            try:
-                float(value)
-                # YAML 1.1 (PyYAML) reads an exponent without a dot (1e-6) as text
-                hint = " (text, not a number: write it with a dot, e.g. 1.0e-6, unquoted)"
-            except ValueError:
-                pass
         raise ValueError(
-            f"profile field {field!r} must be a finite number >= 0, got {value!r}{hint}"
+            f"profile field {field!r} must be a finite number >= 0, got {value!r}"
+            + number_as_text_hint(value)
         )
 
 
